@@ -1,0 +1,68 @@
+"""Settings, read once from the environment (prefix CONTEXT_ENGINE_) and the CLI.
+
+Every field is documented in docs/configuration.md; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "CONTEXT_ENGINE_"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    # Where every embedded part keeps its state: PostgreSQL data, keys, models, logs.
+    home: pathlib.Path = Field(default=pathlib.Path(".context-engine"))
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 50051
+    detector_host: str = "127.0.0.1"
+    detector_port: int = 50052
+
+    # Existing infrastructure. When set, the embedded part is not started.
+    database_url: str | None = None
+    kafka_bootstrap: str | None = None
+
+    # Ports of the embedded PostgreSQL and broker (0 = pick a free port at start).
+    embedded_postgres_port: int = 0
+    embedded_kafka_port: int = 0
+
+    # JWT verification. HS256 uses a key file generated under `home` on first `up`;
+    # RS256 / EdDSA verify with a configured public key (PEM).
+    jwt_algorithms: list[Literal["HS256", "RS256", "EdDSA"]] = ["HS256"]
+    jwt_hs256_key_file: pathlib.Path | None = None
+    jwt_public_key_file: pathlib.Path | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_leeway_seconds: int = 10
+
+    # gRPC servers.
+    grpc_max_message_bytes: int = 8 * 1024 * 1024
+    shutdown_grace_seconds: float = 5.0
+
+    # The detector is an internal sidecar: optional shared token required from callers.
+    detector_service_token: SecretStr | None = None
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @property
+    def home_dir(self) -> pathlib.Path:
+        return self.home.expanduser().resolve()
+
+    @property
+    def hs256_key_path(self) -> pathlib.Path:
+        return self.jwt_hs256_key_file or self.home_dir / "keys" / "jwt-hs256.key"
+
+    @property
+    def api_address(self) -> str:
+        return f"{self.api_host}:{self.api_port}"
+
+    @property
+    def detector_address(self) -> str:
+        return f"{self.detector_host}:{self.detector_port}"
