@@ -1,0 +1,168 @@
+"""Server interceptors: thin wrappers around each unary handler.
+
+- `ErrorsAndAccessLog` (outermost): one JSON access-log line per call, and the translation of
+  domain errors into gRPC status (reason codes in ErrorInfo). Unexpected exceptions become
+  INTERNAL without leaking their text.
+- `Authentication`: verifies the bearer JWT, checks that `request.scope` equals the token's
+  scope, and makes the Principal available to handlers through `current_principal()`.
+- `ServiceToken`: the detector sidecar's optional shared secret.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import structlog
+
+from context_engine import errors
+from context_engine.api.status import status_for, to_status
+from context_engine.auth import Principal, TokenVerifier
+from context_engine.scope import Scope
+
+log = structlog.get_logger("context_engine.access")
+
+Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+# Infrastructure services answer without credentials (probes, grpcurl discovery).
+OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+_principal: contextvars.ContextVar[Principal] = contextvars.ContextVar("principal")
+
+
+def current_principal() -> Principal:
+    """The verified caller of the RPC being served."""
+    try:
+        return _principal.get()
+    except LookupError:  # a handler wired without the Authentication interceptor
+        raise errors.Unauthenticated("no authenticated principal", reason="NO_PRINCIPAL") from None
+
+
+def _wrap_unary(handler: grpc.RpcMethodHandler | None,
+                around: Callable[[Behavior], Behavior]) -> grpc.RpcMethodHandler | None:
+    if handler is None or handler.unary_unary is None:
+        return handler
+    return grpc.unary_unary_rpc_method_handler(
+        around(handler.unary_unary),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v if isinstance(v, str) else v.decode()
+    return None
+
+
+class ErrorsAndAccessLog(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, details):
+        method = details.method
+
+        def around(behavior: Behavior) -> Behavior:
+            async def logged(request, context):
+                started = time.perf_counter()
+                code = grpc.StatusCode.OK
+                try:
+                    return await behavior(request, context)
+                except errors.DomainError as exc:
+                    status = status_for(exc)
+                    code = status.code
+                    await context.abort_with_status(status)
+                except grpc.aio.AbortError:
+                    code = context.code() or grpc.StatusCode.UNKNOWN
+                    raise
+                except Exception:
+                    code = grpc.StatusCode.INTERNAL
+                    log.exception("unhandled error", method=method)
+                    await context.abort_with_status(
+                        to_status(code, "internal error; see server log", "INTERNAL"))
+                finally:
+                    principal = _principal.get(None)
+                    log.info("rpc", method=method, code=code.name if hasattr(code, "name") else str(code),
+                             duration_ms=round((time.perf_counter() - started) * 1000, 2),
+                             org_id=principal.scope.org_id if principal else None,
+                             sub=principal.subject if principal else None)
+
+            return logged
+
+        if method.startswith(OPEN_SERVICES):
+            return await continuation(details)
+        return _wrap_unary(await continuation(details), around)
+
+
+class Authentication(grpc.aio.ServerInterceptor):
+    def __init__(self, verifier: TokenVerifier) -> None:
+        self._verifier = verifier
+
+    async def intercept_service(self, continuation, details):
+        if details.method.startswith(OPEN_SERVICES):
+            return await continuation(details)
+
+        def around(behavior: Behavior) -> Behavior:
+            async def authenticated(request, context):
+                principal = self._authenticate(context)
+                _check_scope(request, principal)
+                token = _principal.set(principal)
+                try:
+                    return await behavior(request, context)
+                finally:
+                    _principal.reset(token)
+
+            return authenticated
+
+        return _wrap_unary(await continuation(details), around)
+
+    def _authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
+        header = _metadata(context, "authorization")
+        if not header:
+            raise errors.Unauthenticated("missing authorization metadata (Bearer <JWT>)",
+                                         reason="TOKEN_MISSING")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise errors.Unauthenticated("authorization must be 'Bearer <JWT>'", reason="TOKEN_MALFORMED")
+        return self._verifier.verify(token.strip())
+
+
+def _check_scope(request: Any, principal: Principal) -> None:
+    """Every ContextEngine request carries `scope`; it must equal the token's scope."""
+    if not hasattr(request, "scope"):
+        return
+    if not request.HasField("scope"):
+        raise errors.InvalidArgument("scope", "is required and must equal the token's scope")
+    s = request.scope
+    claimed = Scope(s.org_id, s.pillar_id, s.team_id, s.agent_id)
+    if claimed != principal.scope:
+        raise errors.ScopeMismatch(
+            f"request scope {claimed.path or '<empty>'!r} differs from the token's scope "
+            f"{principal.scope.path!r}",
+            metadata={"field": "scope"},
+        )
+
+
+class ServiceToken(grpc.aio.ServerInterceptor):
+    """Requires `authorization: Bearer <service token>` when a token is configured."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation, details):
+        if details.method.startswith(OPEN_SERVICES):
+            return await continuation(details)
+
+        def around(behavior: Behavior) -> Behavior:
+            async def checked(request, context):
+                given = (_metadata(context, "authorization") or "").encode()
+                if not hmac.compare_digest(given, self._expected):
+                    raise errors.Unauthenticated("detector service token missing or wrong",
+                                                 reason="SERVICE_TOKEN_REJECTED")
+                return await behavior(request, context)
+
+            return checked
+
+        return _wrap_unary(await continuation(details), around)

@@ -1,0 +1,90 @@
+"""gRPC server wiring shared by the ContextEngine API and the ML detector: grpc.aio, standard
+health checking (overall and per service), server reflection, message-size limits and
+graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = structlog.get_logger("context_engine.server")
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """One gRPC service to host: its full name and the generated `add_*_to_server` call."""
+
+    name: str
+    register: Callable[[grpc.aio.Server], None]
+
+
+class HostedServer:
+    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer,
+                 services: Sequence[ServiceBinding], port: int) -> None:
+        self.server = server
+        self.health = health_servicer
+        self.services = services
+        self.port = port
+
+    async def set_health(self, name: str, serving: bool) -> None:
+        await self.health.set(name, SERVING if serving else NOT_SERVING)
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self.set_health("", True)
+        for service in self.services:
+            await self.set_health(service.name, True)
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking new calls (health flips first, so balancers drain), let calls in flight finish."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+def build_server(address: str, services: Sequence[ServiceBinding], *,
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+                 max_message_bytes: int = 8 * 1024 * 1024) -> HostedServer:
+    server = grpc.aio.server(
+        interceptors=list(interceptors),
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    for service in services:
+        service.register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [s.name for s in services] + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                                      reflection.SERVICE_NAME],
+        server,
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind gRPC server to {address}")
+    return HostedServer(server, health_servicer, services, port)
+
+
+async def wait_for_termination_signal() -> str:
+    """Block until SIGTERM or SIGINT; returns the signal's name."""
+    loop = asyncio.get_running_loop()
+    received: asyncio.Future[str] = loop.create_future()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda s=sig: received.done() or received.set_result(s.name))
+    try:
+        return await received
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,127 @@
+"""The `context-engine` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import pathlib
+import re
+from typing import Annotated, Optional
+
+import typer
+
+from context_engine.config import ENV_PREFIX, Settings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Context Engine: event-sourced context and memory for LLM agents.")
+token_app = typer.Typer(no_args_is_help=True, help="Development tokens.")
+serve_app = typer.Typer(no_args_is_help=True, help="Run one server process (what `up` starts).")
+app.add_typer(token_app, name="token")
+app.add_typer(serve_app, name="serve")
+
+DataDir = Annotated[Optional[pathlib.Path], typer.Option(
+    "--data-dir", help="Data directory [env CONTEXT_ENGINE_HOME; default ./.context-engine]")]
+
+
+def _settings(**overrides: object) -> Settings:
+    """Settings from the environment, with CLI options on top. Options are exported to the
+    environment too, so child processes started by `up` resolve the same settings."""
+    for name, value in overrides.items():
+        if value is not None:
+            os.environ[f"{ENV_PREFIX}{name.upper()}"] = str(value)
+    return Settings()
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if not match:
+        raise typer.BadParameter("use a number and a unit: 90s, 30m, 1h, 7d")
+    amount, unit = int(match[1]), match[2]
+    return dt.timedelta(**{{"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[unit]: amount})
+
+
+@app.command()
+def up(
+    data_dir: DataDir = None,
+    api_port: Annotated[Optional[int], typer.Option(help="ContextEngine gRPC port [50051]")] = None,
+    detector_port: Annotated[Optional[int], typer.Option(help="ML detector gRPC port [50052]")] = None,
+    kafka_bootstrap: Annotated[Optional[str], typer.Option(
+        help="Use this Kafka-compatible cluster instead of the embedded broker")] = None,
+    database_url: Annotated[Optional[str], typer.Option(
+        help="Use this PostgreSQL (with pgvector) instead of the embedded one")] = None,
+) -> None:
+    """Run the whole stack: PostgreSQL, broker, migrations, workers, API and detector."""
+    from context_engine.supervisor import run_stack
+
+    settings = _settings(home=data_dir, api_port=api_port, detector_port=detector_port,
+                         kafka_bootstrap=kafka_bootstrap, database_url=database_url)
+    raise typer.Exit(run_stack(settings))
+
+
+@token_app.command("mint")
+def token_mint(
+    org: Annotated[str, typer.Option(help="org_id claim")],
+    clearance: Annotated[int, typer.Option(min=1, max=4, help="clearance level 1..4")],
+    pillar: Annotated[str, typer.Option(help="pillar_id claim")] = "",
+    team: Annotated[str, typer.Option(help="team_id claim")] = "",
+    agent: Annotated[str, typer.Option(help="agent_id claim")] = "",
+    subject: Annotated[Optional[str], typer.Option("--sub", help="sub claim [dev:<scope path>]")] = None,
+    ttl: Annotated[str, typer.Option(help="lifetime, e.g. 30m, 1h, 7d")] = "1h",
+    data_dir: DataDir = None,
+) -> None:
+    """Print a token signed with the development HS256 key of the data directory."""
+    from context_engine.auth import ensure_dev_key, mint_token
+    from context_engine.errors import InvalidArgument
+
+    settings = _settings(home=data_dir)
+    key = ensure_dev_key(settings.hs256_key_path)
+    try:
+        token = mint_token(key, org=org, pillar=pillar, team=team, agent=agent, clearance=clearance,
+                           subject=subject, ttl=parse_duration(ttl))
+    except InvalidArgument as exc:
+        raise typer.BadParameter(exc.message) from exc
+    typer.echo(token)
+
+
+@serve_app.command("api")
+def serve_api(data_dir: DataDir = None) -> None:
+    """Serve upsquad.context.v1.ContextEngine."""
+    from context_engine.api.app import run_api
+    from context_engine.logs import configure_logging
+
+    settings = _settings(home=data_dir)
+    configure_logging(settings.log_level, process="api")
+    asyncio.run(run_api(settings))
+
+
+@serve_app.command("detector")
+def serve_detector(data_dir: DataDir = None) -> None:
+    """Serve upsquad.ml.v1.MLDetectorService."""
+    from context_engine.inference.detector.server import run_detector
+    from context_engine.logs import configure_logging
+
+    settings = _settings(home=data_dir)
+    configure_logging(settings.log_level, process="detector")
+    asyncio.run(run_detector(settings))
+
+
+@app.command()
+def worker(data_dir: DataDir = None) -> None:
+    """Run the stream workers (the Faust app) against the configured broker."""
+    from context_engine.logs import configure_logging
+    from context_engine.streams.app import run_worker
+
+    settings = _settings(home=data_dir)
+    if not settings.kafka_bootstrap:
+        raise typer.BadParameter("set CONTEXT_ENGINE_KAFKA_BOOTSTRAP (`up` does this for its children)")
+    configure_logging(settings.log_level, process="worker")
+    run_worker(settings, settings.kafka_bootstrap)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
