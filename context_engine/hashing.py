@@ -1,0 +1,52 @@
+"""Content hashes, the session version chain and Merkle roots. Hashes on the wire are lowercase hex.
+
+Chain (ARCHITECTURE.md section 4): v0 = H("genesis" ‖ session key), vi = H(v(i-1) ‖ content_hash_i),
+over the raw 32-byte digests. It is computed in log order by the projector, so a replay of the
+same log reproduces every version bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+
+_HEX_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+GENESIS = b"context-engine/genesis/v1\x00"
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def is_sha256_hex(value: str) -> bool:
+    return bool(_HEX_SHA256.match(value))
+
+
+def genesis_version(session_key: str) -> str:
+    return sha256_hex(GENESIS + session_key.encode())
+
+
+def next_version(previous: str, content_hash: str) -> str:
+    return sha256_hex(bytes.fromhex(previous) + bytes.fromhex(content_hash))
+
+
+def chain(session_key: str, content_hashes: Iterable[str]) -> list[str]:
+    """Every version of a session whose active items have these hashes, v0 first."""
+    versions = [genesis_version(session_key)]
+    for h in content_hashes:
+        versions.append(next_version(versions[-1], h))
+    return versions
+
+
+def merkle_root(leaf_hashes: list[str]) -> str:
+    """Binary Merkle root over hex leaves, in the given order; an odd node is paired with itself.
+    Leaves and inner nodes are domain-separated so a leaf can never pose as an inner node."""
+    if not leaf_hashes:
+        return sha256_hex(b"\x00empty")
+    level = [hashlib.sha256(b"\x00" + bytes.fromhex(h)).digest() for h in leaf_hashes]
+    while len(level) > 1:
+        if len(level) % 2:
+            level.append(level[-1])
+        level = [hashlib.sha256(b"\x01" + level[i] + level[i + 1]).digest() for i in range(0, len(level), 2)]
+    return level[0].hex()
