@@ -1,0 +1,83 @@
+"""Explicit topic creation: run at start-up before any client touches a topic.
+
+A Metadata request that names a missing topic auto-creates it (tansu: always, 4 partitions;
+Kafka: when auto.create.topics.enable), with the wrong partition count for good. So topics are
+created here with their configured counts and checked only through all-topics Metadata, which
+creates nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import for_code
+
+_TOPIC_ALREADY_EXISTS = 36
+
+
+class TopicSetupError(RuntimeError):
+    """A topic could not be created, or exists with other partitions than asked."""
+
+
+async def ensure_topics(
+    bootstrap: str,
+    partitions_by_topic: Mapping[str, int],
+    *,
+    replication_factor: int = 1,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
+    timeout: float = 15.0,
+) -> None:
+    """Create the missing topics with their partition counts; then wait until the cluster
+    reports every topic with exactly that many partitions. An existing topic with another
+    count is an error (repartitioning would move keys between partitions)."""
+    if not partitions_by_topic:
+        return
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap,
+                                request_timeout_ms=int(timeout * 1000))
+    await admin.start()
+    try:
+        existing = await _partition_counts(admin)
+        missing = [t for t in partitions_by_topic if t not in existing]
+        if missing:
+            response = await admin.create_topics(
+                [NewTopic(t, partitions_by_topic[t], replication_factor,
+                          topic_configs=dict((configs or {}).get(t, {}))) for t in missing],
+                timeout_ms=int(timeout * 1000))
+            # aiokafka returns per-topic errors instead of raising them.
+            for err in response.to_object()["topic_errors"]:
+                code = err["error_code"]
+                if code not in (0, _TOPIC_ALREADY_EXISTS):
+                    raise TopicSetupError(
+                        f"creating topic {err['topic']!r} failed: {for_code(code).__name__} "
+                        f"({code}) {err.get('error_message') or ''}".rstrip())
+        await _await_partition_counts(admin, partitions_by_topic, time.monotonic() + timeout)
+    finally:
+        await admin.close()
+
+
+async def _partition_counts(admin: AIOKafkaAdminClient) -> dict[str, int]:
+    """Partition count of every topic whose metadata is complete (all-topics request)."""
+    return {t["topic"]: len(t["partitions"])
+            for t in await admin.describe_topics(None) if t["error_code"] == 0}
+
+
+async def _await_partition_counts(admin: AIOKafkaAdminClient, wanted: Mapping[str, int],
+                                  deadline: float) -> None:
+    # Real Kafka propagates new topics to every broker's metadata asynchronously.
+    while True:
+        counts = await _partition_counts(admin)
+        wrong = {t: counts[t] for t, n in wanted.items() if t in counts and counts[t] != n}
+        if wrong:
+            raise TopicSetupError(
+                "topics exist with other partition counts than configured "
+                + ", ".join(f"{t}: has {n}, wants {wanted[t]}" for t, n in sorted(wrong.items()))
+                + " (was a topic auto-created by a client before start-up created it?)")
+        absent = sorted(t for t in wanted if t not in counts)
+        if not absent:
+            return
+        if time.monotonic() > deadline:
+            raise TopicSetupError(f"topics not visible after creation: {absent}")
+        await asyncio.sleep(0.1)
