@@ -13,24 +13,23 @@ uid/gid, so the credential change does not clear it (verified: see tests/integra
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import pwd
 import signal
-import socket
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from context_engine.embedded.process import _alive, child_preexec, free_port, kill_tree, log_tail
+
 SYSTEM_USER = "embedded_postgres"
 SUPERUSER = "postgres"
 REQUIRED_EXTENSIONS = ("vector", "pg_trgm")
-_PR_SET_PDEATHSIG = 1
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 _MAX_SOCKET_PATH = 107
 
@@ -39,38 +38,10 @@ class EmbeddedProcessError(RuntimeError):
     """An embedded infrastructure process failed to start or misbehaved."""
 
 
-def child_preexec(death_signal: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get `death_signal` when the spawning *thread* exits.
-
-    The kernel ties PDEATHSIG to the thread that forked, not the process: spawn long-lived
-    children from the main thread (or one that lives as long as they do), not from
-    asyncio.to_thread. Returns None where prctl is unavailable (non-Linux).
-    """
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(death_signal))
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
-def log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def pg_install_dir() -> Path:
@@ -290,66 +261,12 @@ def _as_user(user: pwd.struct_passwd | None) -> dict[str, Any]:
             "env": {**os.environ, "HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}}
 
 
-def _alive(proc: subprocess.Popen[bytes]) -> bool:
-    """Whether the child still runs, *without* reaping it (see kill_tree)."""
-    if proc.returncode is not None:
-        return False
-    try:
-        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-    except ChildProcessError:
-        return False
 
 
-def kill_tree(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
-    """SIGKILL a child and its direct children, then reap it and wait for them to be gone.
-
-    PostgreSQL backends each lead their own session, so a process-group kill misses them;
-    orphans would keep the shared memory segment attached and block the next start. The
-    parent is stopped first so that it can neither fork nor reap: every pid we then signal
-    is still the process we listed, never a reused number."""
-    children: list[int] = []
-    if proc.returncode is None:
-        try:
-            os.kill(proc.pid, signal.SIGSTOP)
-            children = _children_of(proc.pid)
-            for child in children:
-                _signal(child, signal.SIGKILL)
-            os.kill(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-    deadline = time.monotonic() + timeout
-    while any(_exists(c) for c in children) and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
-def _children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            stat_fields = _stat_fields(int(entry.name))
-            if stat_fields and int(stat_fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat from field 3 (state) on; comm may hold spaces, so split after ')'."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
 
 
-def _exists(pid: int) -> bool:
-    """Alive and not a zombie (a zombie holds no resources; init reaps it)."""
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] != "Z"
 
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
