@@ -1,0 +1,212 @@
+"""`context-engine up`: the whole stack in one process tree.
+
+Start order: PostgreSQL (embedded unless a database URL is given), the broker (embedded unless
+a bootstrap is given), schema migrations, then three children — stream workers, the API and the
+ML detector — each a `context-engine` subprocess that reads the same settings from the
+environment. `up` returns when it gets SIGINT/SIGTERM or when any child dies; either way it
+stops every child (SIGTERM, then SIGKILL after a grace period), then the broker, then
+PostgreSQL. Children also get PR_SET_PDEATHSIG so they cannot outlive a killed `up`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from context_engine.auth import ensure_dev_key
+from context_engine.config import ENV_PREFIX, Settings
+from context_engine.embedded.process import child_preexec
+
+DATABASE_NAME = "context_engine"
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]
+    log_path: os.PathLike
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self, env: dict[str, str]) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "context_engine.cli", *self.args], env=env,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=child_preexec(own_process_group=True))
+        log.close()
+
+    @property
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait_or_kill(self, deadline: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Stack:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.home = settings.home_dir
+        self.logs = self.home / "logs"
+        self.postgres = None
+        self.broker = None
+        self.children: list[Child] = []
+        self.stopping = threading.Event()
+
+    def say(self, message: str) -> None:
+        print(f"[up] {message}", flush=True)
+
+    # -- start ---------------------------------------------------------------------------
+    def start(self) -> dict[str, str]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        ensure_dev_key(self.settings.hs256_key_path)
+        env = {k: v for k, v in os.environ.items()}
+        env[f"{ENV_PREFIX}HOME"] = str(self.home)
+
+        database_url = self.settings.database_url
+        if database_url is None:
+            from context_engine.embedded.postgres import EmbeddedPostgres
+
+            self.postgres = EmbeddedPostgres(self.home / "postgres", self.settings.embedded_postgres_port)
+            self.postgres.start()
+            database_url = self.postgres.ensure_database(DATABASE_NAME)
+            self.say(f"PostgreSQL (embedded, pid {self.postgres.pid}) at {_redact(database_url)}")
+        else:
+            self.say(f"PostgreSQL (external) at {_redact(database_url)}")
+        env[f"{ENV_PREFIX}DATABASE_URL"] = database_url
+
+        bootstrap = self.settings.kafka_bootstrap
+        if bootstrap is None:
+            from context_engine.embedded.broker import EmbeddedBroker
+
+            self.broker = EmbeddedBroker(self.settings.embedded_kafka_port, log_path=self.logs / "broker.log")
+            self.broker.start()
+            bootstrap = self.broker.bootstrap
+            self.say(f"broker (embedded tansu, pid {self.broker.pid}) at {bootstrap}")
+        else:
+            self.say(f"broker (external) at {bootstrap}")
+        env[f"{ENV_PREFIX}KAFKA_BOOTSTRAP"] = bootstrap
+
+        self.children = [
+            Child("worker", ["worker"], self.logs / "worker.log"),
+            Child("api", ["serve", "api"], self.logs / "api.log"),
+            Child("detector", ["serve", "detector"], self.logs / "detector.log"),
+        ]
+        for child in self.children:
+            child.start(env)
+            self.say(f"{child.name} started (pid {child.proc.pid}, log {child.log_path})")
+        return env
+
+    def wait_until_serving(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for name, address in (("api", self.settings.api_address), ("detector", self.settings.detector_address)):
+            while not _serving(address):
+                self._raise_if_child_died()
+                if self.stopping.is_set():
+                    raise InterruptedError("stop requested during start-up")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} not SERVING at {address} after {READY_TIMEOUT_S:.0f}s; "
+                                       f"see {self.logs / (name + '.log')}")
+                time.sleep(0.1)
+
+    def _raise_if_child_died(self) -> None:
+        for child in self.children:
+            if child.exited is not None:
+                raise ChildDied(child)
+
+    # -- run -------------------------------------------------------------------------------
+    def monitor(self) -> int:
+        while not self.stopping.wait(0.2):
+            for child in self.children:
+                if child.exited is not None:
+                    self.say(f"{child.name} exited with {child.exited}; stopping the stack "
+                             f"(see {child.log_path})")
+                    return 1
+        return 0
+
+    # -- stop ------------------------------------------------------------------------------
+    def stop(self) -> None:
+        deadline = time.monotonic() + self.settings.shutdown_grace_seconds + 5.0
+        for child in reversed(self.children):
+            child.terminate()
+        for child in reversed(self.children):
+            child.wait_or_kill(deadline)
+        if self.broker is not None:
+            with contextlib.suppress(Exception):
+                self.broker.stop()
+        if self.postgres is not None:
+            with contextlib.suppress(Exception):
+                self.postgres.stop()
+        self.say("stopped")
+
+
+class ChildDied(RuntimeError):
+    def __init__(self, child: Child) -> None:
+        super().__init__(f"{child.name} exited with {child.exited} during start-up; see {child.log_path}")
+
+
+def _serving(address: str) -> bool:
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                             timeout=0.5)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+def _redact(url: str) -> str:
+    head, sep, tail = url.partition("@")
+    if not sep or ":" not in head.split("//", 1)[-1]:
+        return url
+    scheme, _, userinfo = head.partition("//")
+    return f"{scheme}//{userinfo.split(':', 1)[0]}:***@{tail}"
+
+
+def run_stack(settings: Settings) -> int:
+    stack = Stack(settings)
+
+    def on_signal(signum, _frame):
+        stack.say(f"{signal.Signals(signum).name} received")
+        stack.stopping.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
+    try:
+        stack.start()
+        stack.wait_until_serving()
+        stack.say(f"SERVING after {time.monotonic() - started:.1f}s")
+        stack.say(f"ContextEngine    grpc://{settings.api_address}  (upsquad.context.v1.ContextEngine)")
+        stack.say(f"ML detector      grpc://{settings.detector_address}  (upsquad.ml.v1.MLDetectorService)")
+        stack.say(f"data directory   {settings.home_dir}")
+        stack.say("get a token:     context-engine token mint --org acme --clearance 2"
+                  f" --data-dir {settings.home_dir}")
+        stack.say("Ctrl-C or SIGTERM stops everything")
+        return stack.monitor()
+    except (ChildDied, TimeoutError, InterruptedError, OSError, RuntimeError) as exc:
+        stack.say(f"start-up failed: {exc}")
+        return 0 if isinstance(exc, InterruptedError) else 1
+    finally:
+        stack.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
