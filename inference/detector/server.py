@@ -1,0 +1,65 @@
+"""The ML detector sidecar process: gRPC server, per-model health, graceful shutdown.
+
+Health names: "" (the process) and "upsquad.ml.v1.MLDetectorService" are SERVING once the server
+is up; "prompt-guard-86m" and "gliner-small-v2.1" are SERVING only while that model is loaded (and,
+for GLiNER, while its anti-collapse canary passes). The server starts before the weights load, so
+probes answer during a slow load with the model names NOT_SERVING.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import structlog
+
+from context_engine.api.interceptors import ErrorsAndAccessLog, ServiceToken
+from context_engine.api.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
+from context_engine.config import Settings
+from context_engine.inference.detector.service import MODEL_NAMES, SERVICE_NAME, DetectorServicer
+from context_engine.inference.detector.settings import DetectorSettings
+from upsquad.ml.v1 import detector_pb2_grpc
+
+log = structlog.get_logger("context_engine.detector")
+
+
+def build_detector_server(settings: Settings, detector_settings: DetectorSettings | None = None, *,
+                          address: str | None = None,
+                          servicer: DetectorServicer | None = None) -> tuple[HostedServer, DetectorServicer]:
+    """A detector server bound to `address` (default settings.detector_address), not started."""
+    servicer = servicer or DetectorServicer(detector_settings or DetectorSettings())
+    interceptors = [ErrorsAndAccessLog()]
+    if settings.detector_service_token is not None:
+        interceptors.append(ServiceToken(settings.detector_service_token.get_secret_value()))
+    binding = ServiceBinding(SERVICE_NAME,
+                             lambda server: detector_pb2_grpc.add_MLDetectorServiceServicer_to_server(servicer, server))
+    hosted = build_server(address or settings.detector_address, [binding], interceptors=interceptors,
+                          max_message_bytes=settings.grpc_max_message_bytes)
+    return hosted, servicer
+
+
+async def start_detector(hosted: HostedServer, servicer: DetectorServicer) -> None:
+    """Start serving, then load the models and publish their health."""
+    await hosted.start()
+    for name in MODEL_NAMES:
+        await hosted.set_health(name, False)
+    servicer.add_health_listener(hosted.set_health)
+    await servicer.load()
+    log.info("detector started", port=hosted.port, models=servicer.health(), problems=servicer.problems())
+
+
+async def run_detector(settings: Settings, detector_settings: DetectorSettings | None = None, *,
+                       ready: Callable[[HostedServer], object] | None = None) -> None:
+    """Run the sidecar until SIGTERM / SIGINT, then stop gracefully."""
+    hosted, servicer = build_detector_server(settings, detector_settings)
+    try:
+        await start_detector(hosted, servicer)
+        if ready is not None:
+            result = ready(hosted)
+            if inspect.isawaitable(result):
+                await result
+        signal_name = await wait_for_termination_signal()
+        log.info("detector stopping", signal=signal_name, grace_seconds=settings.shutdown_grace_seconds)
+    finally:
+        await hosted.stop(settings.shutdown_grace_seconds)
+        servicer.close()
