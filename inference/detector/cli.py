@@ -1,0 +1,104 @@
+"""`context-engine models ...`: install and inspect the detector's model weights.
+
+`models_app` is a typer sub-app; the main CLI mounts it as `models`.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Annotated, Optional
+
+import typer
+
+models_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                         help="Detector model weights: import from local directories, show what is installed.")
+import_app = typer.Typer(no_args_is_help=True, help="Import model weights from a local directory (nothing is downloaded).")
+models_app.add_typer(import_app, name="import")
+
+ModelsDir = Annotated[Optional[pathlib.Path], typer.Option(
+    "--models-dir", help="Where models are installed [env CONTEXT_ENGINE_DETECTOR_MODELS_DIR; "
+                         "default <data dir>/models]")]
+Revision = Annotated[Optional[str], typer.Option(
+    help="Revision recorded in model_version [default: sha256 of the source weights]")]
+Force = Annotated[bool, typer.Option("--force", help="Replace an installed model")]
+
+
+def _models_dir(option: pathlib.Path | None) -> pathlib.Path:
+    if option is not None:
+        return option
+    from context_engine.inference.detector.settings import DetectorSettings
+
+    return DetectorSettings().models_root
+
+
+def _progress(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.secho(f"import failed: {exc}", err=True, fg=typer.colors.RED)
+    return typer.Exit(1)
+
+
+@import_app.command("prompt-guard")
+def import_prompt_guard(
+    source: Annotated[pathlib.Path, typer.Option(
+        "--from", help="A Hugging Face Prompt-Guard-86M directory (config.json, weights, tokenizer.json) "
+                       "or a directory holding its ONNX export (model.onnx or onnx/model.onnx)")],
+    revision: Revision = None,
+    name: Annotated[str, typer.Option(help="Artifact name recorded in the manifest")] = "meta-llama/Prompt-Guard-86M",
+    max_length: Annotated[int, typer.Option(help="Tokens per window, special tokens included")] = 512,
+    models_dir: ModelsDir = None,
+    force: Force = False,
+) -> None:
+    """Install Prompt-Guard-86M as <models-dir>/prompt-guard-86m (ONNX + tokenizer.json + manifest)."""
+    from context_engine.inference.detector.importer import ImportFailed
+    from context_engine.inference.detector.importer import import_prompt_guard as run
+
+    try:
+        dest = run(source, _models_dir(models_dir), revision=revision, source_name=name, max_length=max_length, force=force,
+                   progress=_progress)
+    except ImportFailed as exc:
+        raise _fail(exc) from None
+    typer.echo(str(dest))
+
+
+@import_app.command("gliner")
+def import_gliner(
+    source: Annotated[pathlib.Path, typer.Option(
+        "--from", help="A GLiNER model directory (gliner_config.json + weights), e.g. urchade/gliner_small-v2.1")],
+    revision: Revision = None,
+    name: Annotated[str, typer.Option(help="Artifact name recorded in model_version")] = "urchade/gliner_small-v2.1",
+    backbone: Annotated[Optional[pathlib.Path], typer.Option(
+        help="Local encoder directory (config + tokenizer) for saves that only name their backbone, "
+             "e.g. microsoft/deberta-v3-small")] = None,
+    onnx: Annotated[bool, typer.Option("--onnx", help="Also export to ONNX (serve it with "
+                                                       "CONTEXT_ENGINE_DETECTOR_PII_RUNTIME=onnx)")] = False,
+    models_dir: ModelsDir = None,
+    force: Force = False,
+) -> None:
+    """Install a GLiNER model as <models-dir>/gliner-small-v2.1 (self-contained copy + manifest)."""
+    from context_engine.inference.detector.importer import ImportFailed
+    from context_engine.inference.detector.importer import import_gliner as run
+
+    try:
+        dest = run(source, _models_dir(models_dir), revision=revision, source_name=name, backbone=backbone,
+                   export_onnx=onnx, force=force, progress=_progress)
+    except ImportFailed as exc:
+        raise _fail(exc) from None
+    typer.echo(str(dest))
+
+
+@models_app.command("status")
+def status(models_dir: ModelsDir = None) -> None:
+    """Show, as JSON lines, which detector models are installed and where the service looks."""
+    from context_engine.inference.detector.importer import model_status
+    from context_engine.inference.detector.settings import DetectorSettings
+
+    settings = DetectorSettings(models_dir=models_dir) if models_dir else DetectorSettings()
+    from context_engine.inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
+
+    for row in model_status([(PROMPT_GUARD_NAME, settings.prompt_guard_path),
+                             (GLINER_NAME, settings.gliner_path)]):
+        typer.echo(json.dumps(row))
