@@ -1,0 +1,76 @@
+"""Connection pools and the per-org transaction.
+
+Who connects as whom:
+- The API connects as the app role (`migrate.app_url(...)`), which has neither SUPERUSER nor
+  BYPASSRLS: `create_pool(url)` (org_scoped=True) checks this and refuses otherwise. Every RPC
+  runs its reads inside `org_transaction(pool, org_id)`, which sets `app.org_id` for that
+  transaction only (SET LOCAL semantics), so a pooled connection never carries one tenant's
+  setting into another's request, and a connection that forgot it sees zero rows.
+- The projection worker and replay connect with the admin URL (`create_pool(url,
+  org_scoped=False)`): they write every read model. `session_projector.apply_batch` still sets
+  `app.org_id` per org, so the worker also works as a table owner subject to FORCE ROW LEVEL
+  SECURITY (no BYPASSRLS needed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import orjson
+
+
+class DatabaseRoleError(RuntimeError):
+    """The pool's role would bypass row-level security where it must not."""
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """Codecs every pooled connection gets: jsonb <-> Python objects (orjson), and pgvector's
+    `vector` when the extension is installed."""
+    await conn.set_type_codec("jsonb", schema="pg_catalog", format="text",
+                              encoder=lambda v: orjson.dumps(v).decode(), decoder=orjson.loads)
+    schema = await conn.fetchval(
+        "SELECT n.nspname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+        "WHERE t.typname = 'vector' LIMIT 1")
+    if schema is not None:
+        from pgvector.asyncpg import register_vector
+
+        await register_vector(conn, schema=schema)
+
+
+async def create_pool(url: str, *, org_scoped: bool = True, min_size: int = 1, max_size: int = 10,
+                      **kwargs: Any) -> asyncpg.Pool:
+    """A pool whose connections have the codecs of `init_connection`.
+
+    org_scoped=True (the API) refuses a role that is superuser or has BYPASSRLS: row-level
+    security is the last line of tenant isolation and must apply to every query."""
+    pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size,
+                                     init=init_connection, **kwargs)
+    if org_scoped:
+        try:
+            async with pool.acquire() as conn:
+                row = await conn.fetchrow(
+                    "SELECT current_user AS name, rolsuper, rolbypassrls FROM pg_roles "
+                    "WHERE rolname = current_user")
+        except BaseException:
+            await pool.close()
+            raise
+        if row["rolsuper"] or row["rolbypassrls"]:
+            await pool.close()
+            raise DatabaseRoleError(
+                f"role {row['name']!r} bypasses row-level security; the API must connect as the "
+                "app role (projections.migrate.app_url)")
+    return pool
+
+
+@asynccontextmanager
+async def org_transaction(pool: asyncpg.Pool, org_id: str, *,
+                          readonly: bool = False) -> AsyncIterator[asyncpg.Connection]:
+    """A connection inside a transaction in which `app.org_id` = org_id (transaction-local)."""
+    if not org_id:
+        raise ValueError("org_id is required")
+    async with pool.acquire() as conn, conn.transaction(readonly=readonly):
+        await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
+        yield conn
