@@ -1,0 +1,536 @@
+"""The session projection: log records -> event archive + session read models.
+
+One function, `apply_batch`, serves the live Faust agent (a batch per `stream.take`) and bulk
+replay (batches read back from the archive or the log): the chain is a pure function of log
+order, so both paths produce the same rows and the same version hashes.
+
+Per batch, in ONE transaction:
+1. decode every record (`context_engine.events.decode`, which upcasts older schema versions);
+2. per org, in log order: archive the records (`INSERT ... ON CONFLICT (event_id) DO NOTHING`),
+   and apply to the read models exactly the events that were archived now; an event_id already
+   archived (a redelivery, at the same or another offset) or repeated within the batch changes
+   nothing and is reported as DUPLICATE;
+3. advance `projector_offsets` to the highest offset seen per topic/partition.
+So a crash between the write and the consumer's offset commit neither duplicates nor loses:
+on restart the batch is redelivered and every event in it is a duplicate.
+
+A record whose (topic, partition, offset) is already archived under ANOTHER event_id fails the
+batch (ProjectionError): the broker reused log positions, i.e. it lost data and was not restored
+from the archive. Nothing is silently dropped. Records that cannot be decoded fail the batch too.
+
+Row-level security: the worker connects as the admin role (see projections/database.py) and
+sets `app.org_id` (transaction-local) before writing each org's rows and '_system' before the
+offsets, so the same code works whether or not its role bypasses RLS.
+
+Payloads (built by the command handlers; every hash is lowercase hex SHA-256):
+
+- `session.event_ingested` (schema 2):
+    session_id: str, event_type: str ("message" | "tool_output" | "workflow_event"),
+    content_b64: str (standard base64 of the raw content), metadata: dict[str, str],
+    content_sha256: str (SHA-256 of the raw content = IngestEventResponse.version_hash),
+    token_count: int
+  -> session_events row, and a chain item (kind 'event').
+- `memory.pushed` (schema 1):
+    session_id: str ("" = memory outside any session: no chain item), agent_id: str (whose
+    memory; "" defaults to scope.agent_id), memory_type: str ("episodic" | "semantic" |
+    "working"), content_b64: str, metadata: dict[str, str], content_sha256: str
+  -> memory_versions row, and a chain item (kind 'memory') when session_id is set.
+- `session.snapshot_created` (schema 1):
+    session_id: str, snapshot_id: str (uuid, chosen by the handler), name: str
+  -> snapshots row with the session's current version and materialised state, unless the name
+     is taken in that session (then nothing: outcome SNAPSHOT_NAME_TAKEN; the handler reads
+     `queries.snapshot_by_name` and answers ALREADY_EXISTS unless its snapshot_id won).
+     A session without items snapshots its genesis state.
+- `session.rolled_back` (schema 1):
+    session_id: str, target_version: str
+  -> if the session has had target_version: the active items become exactly those of that
+     state (the items on its chain back to genesis); items leaving the state get active=false
+     and rolled_back_by = this event (also in session_events / memory_versions); the session's
+     version and seq become the target's. For a target on the current chain this is "every
+     item after the target becomes inactive"; for a target that was itself rolled back earlier,
+     its items become active again. Unknown target: nothing changes (outcome UNKNOWN_TARGET).
+
+Other event types that `context_engine.events` knows are archived and reported IGNORED (their
+own projectors handle them); a type it does not know fails decoding, hence the batch.
+
+For every session event, `Event.aggregate` must be `session_aggregate(org_id, session_id)`, the
+partition key that makes the session's log order total.
+
+Chain (context_engine.hashing): v0 = genesis_version(f"{org_id}/{session_id}"); a new item gets
+seq = max_seq + 1 (seq is monotonic and never reused) and version = next_version(current
+version, Event.content_hash); after a rollback the next item chains from the target version.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import orjson
+
+from context_engine.events import (
+    EVENT_INGESTED,
+    MEMORY_PUSHED,
+    SESSION_ROLLED_BACK,
+    SNAPSHOT_CREATED,
+    Event,
+    EventDecodeError,
+    decode,
+)
+from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
+
+from .records import LogRecord
+
+PROJECTOR = "session"
+SYSTEM_ORG = "_system"
+
+# Applied.outcome values
+APPLIED = "APPLIED"
+DUPLICATE = "DUPLICATE"
+SNAPSHOT_NAME_TAKEN = "SNAPSHOT_NAME_TAKEN"
+UNKNOWN_TARGET = "UNKNOWN_TARGET"
+IGNORED = "IGNORED"
+
+
+class ProjectionError(RuntimeError):
+    """A record cannot be projected; the batch's transaction is rolled back."""
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one record did. `version`/`seq`: the session's state version and the item seq after
+    the event (the new item for ingest/push, the target for a rollback, the snapshot's for a
+    snapshot); None for duplicates, unknown targets and memory outside a session."""
+
+    event_id: str
+    type: str
+    org_id: str
+    topic: str
+    partition: int
+    offset: int
+    outcome: str
+    session_id: str | None = None
+    seq: int | None = None
+    version: str | None = None
+
+
+def session_key(org_id: str, session_id: str) -> str:
+    """The key of genesis_version: v0 of a session."""
+    return f"{org_id}/{session_id}"
+
+
+async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
+                      projector: str = PROJECTOR) -> list[Applied]:
+    """Archive and project `records` (in log order per partition) in one transaction.
+    Returns one Applied per record, in input order."""
+    if not records:
+        return []
+    events = [_decode(r) for r in records]
+    ids = [str(uuid.UUID(ev.event_id)) for ev in events]  # as the archive returns them
+    by_org: dict[str, list[int]] = {}
+    for i, ev in enumerate(events):
+        by_org.setdefault(ev.scope.org_id, []).append(i)
+    results: list[Applied | None] = [None] * len(records)
+    async with conn.transaction():
+        for org_id, indexes in by_org.items():
+            await _set_org(conn, org_id)
+            fresh = await _archive(conn, org_id, [(records[i], events[i]) for i in indexes])
+            applier = _OrgApplier(conn, org_id)
+            todo = []
+            for i in indexes:
+                eid = ids[i]
+                if eid in fresh:
+                    fresh.discard(eid)  # a repeat later in this batch is a duplicate
+                    todo.append(i)
+                else:
+                    results[i] = _applied(records[i], events[i], DUPLICATE)
+            await applier.load_sessions({sid for i in todo if (sid := _session_id(events[i]))})
+            for i in todo:
+                try:
+                    results[i] = await applier.apply(records[i], events[i])
+                except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+                    raise ProjectionError(f"cannot project {_where(records[i])} "
+                                          f"({events[i].type} {events[i].event_id}): {exc!r}") from exc
+            await applier.finish()
+        await _set_org(conn, SYSTEM_ORG)
+        await _save_offsets(conn, projector, records)
+    return [r for r in results if r is not None]
+
+
+async def load_offsets(conn: asyncpg.Connection, projector: str = PROJECTOR) -> dict[tuple[str, int], int]:
+    """Last applied offset per (topic, partition): seek to offset + 1 after a restart."""
+    async with conn.transaction():
+        await _set_org(conn, SYSTEM_ORG)
+        rows = await conn.fetch(
+            'SELECT topic, partition, "offset" FROM projector_offsets WHERE org_id = $1 AND projector = $2',
+            SYSTEM_ORG, projector)
+    return {(r["topic"], r["partition"]): r["offset"] for r in rows}
+
+
+# -- internals ------------------------------------------------------------------------------
+
+
+def _where(rec: LogRecord) -> str:
+    return f"{rec.topic}[{rec.partition}]@{rec.offset}"
+
+
+def _decode(rec: LogRecord) -> Event:
+    """Decode and check the envelope fields the archive and the chain rely on."""
+    try:
+        ev = decode(rec.raw)
+        uuid.UUID(ev.event_id)
+        ev.occurred  # noqa: B018 - parses occurred_at
+        if not isinstance(ev.payload, dict):
+            raise ValueError("payload is not an object")
+        if not ev.scope.org_id:
+            raise ValueError("scope.org_id is empty")
+        if not is_sha256_hex(ev.content_hash):
+            raise ValueError("content_hash is not a lowercase hex SHA-256")
+    except (EventDecodeError, ValueError, TypeError, AttributeError) as exc:
+        raise ProjectionError(f"cannot decode {_where(rec)}: {exc}") from exc
+    return ev
+
+
+def _session_id(ev: Event) -> str | None:
+    sid = ev.payload.get("session_id")
+    return sid if isinstance(sid, str) and sid else None
+
+
+def _applied(rec: LogRecord, ev: Event, outcome: str, session_id: str | None = None,
+             seq: int | None = None, version: str | None = None) -> Applied:
+    return Applied(ev.event_id, ev.type, ev.scope.org_id, rec.topic, rec.partition, rec.offset,
+                   outcome, session_id if session_id is not None else _session_id(ev), seq, version)
+
+
+async def _set_org(conn: asyncpg.Connection, org_id: str) -> None:
+    await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
+
+
+_ARCHIVE = """
+INSERT INTO event_archive (event_id, org_id, topic, partition, "offset", aggregate, type,
+                           schema_version, occurred_at, actor, content_hash, raw)
+SELECT u.event_id, $1, u.topic, u.partition, u.off, u.aggregate, u.type, u.schema_version,
+       u.occurred_at, u.actor, u.content_hash, u.raw
+FROM unnest($2::uuid[], $3::text[], $4::int[], $5::bigint[], $6::text[], $7::text[], $8::int[],
+            $9::timestamptz[], $10::text[], $11::text[], $12::bytea[])
+     AS u(event_id, topic, partition, off, aggregate, type, schema_version, occurred_at, actor,
+          content_hash, raw)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id
+"""
+
+
+async def _archive(conn: asyncpg.Connection, org_id: str,
+                   items: list[tuple[LogRecord, Event]]) -> set[str]:
+    """Archive verbatim (the record's own bytes); return the event ids archived just now."""
+    cols: list[list[Any]] = [[] for _ in range(11)]
+    for rec, ev in items:
+        for col, value in zip(cols, (ev.event_id, rec.topic, rec.partition, rec.offset, ev.aggregate,
+                                     ev.type, ev.schema_version, ev.occurred, ev.actor,
+                                     ev.content_hash, bytes(rec.raw))):
+            col.append(value)
+    try:
+        rows = await conn.fetch(_ARCHIVE, org_id, *cols)
+    except asyncpg.UniqueViolationError as exc:
+        raise ProjectionError(
+            "a log position is already archived under another event id: the broker reused offsets "
+            f"(lost data without a restore from the archive?): {exc}") from exc
+    except asyncpg.DataError as exc:
+        raise ProjectionError(f"malformed event envelope in batch: {exc}") from exc
+    return {str(r["event_id"]) for r in rows}
+
+
+@dataclass(slots=True)
+class _Session:
+    session_id: str
+    scope_path: str
+    pillar_id: str
+    team_id: str
+    scope_agent_id: str
+    genesis: str
+    version: str
+    seq: int
+    max_seq: int
+    item_count: int
+    active_count: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    last_event_id: str
+    dirty: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    items: list[tuple[Any, ...]] = field(default_factory=list)
+    versions: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+    memories: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.items or self.versions or self.events or self.memories)
+
+
+def _columns(rows: Iterable[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    cols: list[list[Any]] = [[] for _ in range(width)]
+    for row in rows:
+        for col, value in zip(cols, row, strict=True):
+            col.append(value)
+    return cols
+
+
+def _json_text(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _content(payload: dict[str, Any]) -> bytes:
+    return base64.b64decode(payload["content_b64"], validate=True)
+
+
+_INSERT_ITEMS = """
+INSERT INTO session_items (org_id, session_id, seq, event_id, kind, content_hash, prev_seq,
+                           version, occurred_at)
+SELECT $1, u.* FROM unnest($2::text[], $3::bigint[], $4::uuid[], $5::text[], $6::text[],
+                           $7::bigint[], $8::text[], $9::timestamptz[]) AS u
+"""
+_INSERT_VERSIONS = """
+INSERT INTO session_versions (org_id, session_id, version, seq, depth, introduced_by, at)
+SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::uuid[],
+                           $7::timestamptz[]) AS u
+ON CONFLICT (org_id, session_id, version) DO UPDATE
+SET seq = EXCLUDED.seq, depth = EXCLUDED.depth, introduced_by = EXCLUDED.introduced_by, at = EXCLUDED.at
+"""
+_INSERT_EVENTS = """
+INSERT INTO session_events (event_id, org_id, session_id, seq, scope_path, pillar_id, team_id,
+                            scope_agent_id, event_type, content, metadata, content_sha256,
+                            token_count, version, occurred_at)
+SELECT u.event_id, $1, u.session_id, u.seq, u.scope_path, u.pillar_id, u.team_id,
+       u.scope_agent_id, u.event_type, u.content, u.metadata::jsonb, u.content_sha256,
+       u.token_count, u.version, u.occurred_at
+FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
+            $9::text[], $10::bytea[], $11::text[], $12::text[], $13::int[], $14::text[],
+            $15::timestamptz[])
+     AS u(event_id, session_id, seq, scope_path, pillar_id, team_id, scope_agent_id, event_type,
+          content, metadata, content_sha256, token_count, version, occurred_at)
+"""
+_INSERT_MEMORIES = """
+INSERT INTO memory_versions (event_id, org_id, scope_path, pillar_id, team_id, scope_agent_id,
+                             agent_id, session_id, seq, memory_type, content, metadata,
+                             content_sha256, session_version, created_at)
+SELECT u.event_id, $1, u.scope_path, u.pillar_id, u.team_id, u.scope_agent_id, u.agent_id,
+       u.session_id, u.seq, u.memory_type, u.content, u.metadata::jsonb, u.content_sha256,
+       u.session_version, u.created_at
+FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+            $9::bigint[], $10::text[], $11::bytea[], $12::text[], $13::text[], $14::text[],
+            $15::timestamptz[])
+     AS u(event_id, scope_path, pillar_id, team_id, scope_agent_id, agent_id, session_id, seq,
+          memory_type, content, metadata, content_sha256, session_version, created_at)
+"""
+_UPSERT_SESSIONS = """
+INSERT INTO sessions (org_id, session_id, scope_path, pillar_id, team_id, scope_agent_id, genesis,
+                      version, seq, max_seq, item_count, active_count, created_at, updated_at,
+                      last_event_id)
+SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                           $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[],
+                           $13::timestamptz[], $14::timestamptz[], $15::uuid[]) AS u
+ON CONFLICT (org_id, session_id) DO UPDATE
+SET version = EXCLUDED.version, seq = EXCLUDED.seq, max_seq = EXCLUDED.max_seq,
+    item_count = EXCLUDED.item_count, active_count = EXCLUDED.active_count,
+    updated_at = EXCLUDED.updated_at, last_event_id = EXCLUDED.last_event_id
+"""
+# The state of version V = the items on V's chain back to genesis (prev_seq links); everything
+# else of the session is inactive. Only rows whose flag changes are touched.
+_ROLLBACK = """
+WITH RECURSIVE path AS (
+    SELECT seq, prev_seq FROM session_items WHERE org_id = $1 AND session_id = $2 AND seq = $3
+    UNION ALL
+    SELECT i.seq, i.prev_seq FROM session_items i JOIN path p ON i.seq = p.prev_seq
+    WHERE i.org_id = $1 AND i.session_id = $2
+), keep AS (SELECT array_agg(seq) AS seqs FROM path)
+UPDATE session_items s
+SET active = s.seq = ANY(coalesce(keep.seqs, '{}')),
+    rolled_back_by = CASE WHEN s.seq = ANY(coalesce(keep.seqs, '{}')) THEN NULL ELSE $4::uuid END
+FROM keep
+WHERE s.org_id = $1 AND s.session_id = $2
+  AND s.active <> (s.seq = ANY(coalesce(keep.seqs, '{}')))
+RETURNING s.event_id, s.kind, s.active
+"""
+
+
+class _OrgApplier:
+    """Applies one org's fresh events in log order. Chain state lives in memory and rows are
+    written in bulk; rollbacks and snapshots, which read rows back, flush first."""
+
+    def __init__(self, conn: asyncpg.Connection, org_id: str) -> None:
+        self.conn = conn
+        self.org_id = org_id
+        self.sessions: dict[str, _Session] = {}
+        self.pending = _Pending()
+
+    async def load_sessions(self, session_ids: set[str]) -> None:
+        if not session_ids:
+            return
+        rows = await self.conn.fetch(
+            "SELECT * FROM sessions WHERE org_id = $1 AND session_id = ANY($2::text[]) FOR UPDATE",
+            self.org_id, sorted(session_ids))
+        for r in rows:
+            self.sessions[r["session_id"]] = _Session(
+                r["session_id"], r["scope_path"], r["pillar_id"], r["team_id"], r["scope_agent_id"],
+                r["genesis"], r["version"], r["seq"], r["max_seq"], r["item_count"],
+                r["active_count"], r["created_at"], r["updated_at"], str(r["last_event_id"]))
+
+    async def apply(self, rec: LogRecord, ev: Event) -> Applied:
+        p = ev.payload
+        if ev.type == EVENT_INGESTED:
+            s = self._session(p["session_id"], ev)
+            content = _content(p)
+            seq, version = self._append(s, ev, "event")
+            sc = ev.scope
+            self.pending.events.append((
+                ev.event_id, s.session_id, seq, sc.path, sc.pillar_id, sc.team_id, sc.agent_id,
+                str(p["event_type"]), content, _json_text(p.get("metadata") or {}),
+                p.get("content_sha256") or sha256_hex(content), int(p.get("token_count") or 0),
+                version, ev.occurred))
+            return _applied(rec, ev, APPLIED, s.session_id, seq, version)
+        if ev.type == MEMORY_PUSHED:
+            content = _content(p)
+            sid = p.get("session_id") or None
+            seq = version = None
+            if sid:
+                seq, version = self._append(self._session(sid, ev), ev, "memory")
+            sc = ev.scope
+            self.pending.memories.append((
+                ev.event_id, sc.path, sc.pillar_id, sc.team_id, sc.agent_id,
+                p.get("agent_id") or sc.agent_id, sid, seq, str(p["memory_type"]), content,
+                _json_text(p.get("metadata") or {}), p.get("content_sha256") or sha256_hex(content),
+                version, ev.occurred))
+            return _applied(rec, ev, APPLIED, sid, seq, version)
+        if ev.type == SNAPSHOT_CREATED:
+            return await self._snapshot(rec, ev)
+        if ev.type == SESSION_ROLLED_BACK:
+            return await self._rollback(rec, ev)
+        return _applied(rec, ev, IGNORED)  # another projector's event: archived, nothing more
+
+    async def finish(self) -> None:
+        await self.flush()
+        dirty = [s for s in self.sessions.values() if s.dirty]
+        if dirty:
+            await self.conn.execute(_UPSERT_SESSIONS, self.org_id, *_columns(
+                ((s.session_id, s.scope_path, s.pillar_id, s.team_id, s.scope_agent_id, s.genesis,
+                  s.version, s.seq, s.max_seq, s.item_count, s.active_count, s.created_at,
+                  s.updated_at, s.last_event_id) for s in dirty), 14))
+
+    async def flush(self) -> None:
+        pending, self.pending = self.pending, _Pending()
+        if not pending:
+            return
+        if pending.items:
+            await self.conn.execute(_INSERT_ITEMS, self.org_id, *_columns(pending.items, 8))
+        if pending.versions:
+            await self.conn.execute(_INSERT_VERSIONS, self.org_id,
+                                    *_columns(pending.versions.values(), 6))
+        if pending.events:
+            await self.conn.execute(_INSERT_EVENTS, self.org_id, *_columns(pending.events, 14))
+        if pending.memories:
+            await self.conn.execute(_INSERT_MEMORIES, self.org_id, *_columns(pending.memories, 14))
+
+    # -- chain ------------------------------------------------------------------------------
+
+    def _session(self, session_id: str, ev: Event) -> _Session:
+        if not isinstance(session_id, str) or not session_id:
+            raise ValueError("payload.session_id is empty")
+        s = self.sessions.get(session_id)
+        if s is None:
+            v0 = genesis_version(session_key(self.org_id, session_id))
+            sc = ev.scope
+            s = _Session(session_id, sc.path, sc.pillar_id, sc.team_id, sc.agent_id, v0, v0, 0, 0,
+                         0, 0, ev.occurred, ev.occurred, ev.event_id, dirty=True)
+            self.sessions[session_id] = s
+            self.pending.versions[(session_id, v0)] = (session_id, v0, 0, 0, ev.event_id, ev.occurred)
+        return s
+
+    def _append(self, s: _Session, ev: Event, kind: str) -> tuple[int, str]:
+        seq = s.max_seq + 1
+        version = next_version(s.version, ev.content_hash)
+        self.pending.items.append((s.session_id, seq, ev.event_id, kind, ev.content_hash, s.seq,
+                                   version, ev.occurred))
+        self.pending.versions[(s.session_id, version)] = (
+            s.session_id, version, seq, s.active_count + 1, ev.event_id, ev.occurred)
+        s.version, s.seq, s.max_seq = version, seq, seq
+        s.item_count += 1
+        s.active_count += 1
+        s.updated_at, s.last_event_id, s.dirty = ev.occurred, ev.event_id, True
+        return seq, version
+
+    async def _rollback(self, rec: LogRecord, ev: Event) -> Applied:
+        sid, target = ev.payload["session_id"], ev.payload["target_version"]
+        s = self.sessions.get(sid) if isinstance(sid, str) else None
+        if s is None or not isinstance(target, str):
+            return _applied(rec, ev, UNKNOWN_TARGET)
+        await self.flush()
+        row = await self.conn.fetchrow(
+            "SELECT seq, depth FROM session_versions WHERE org_id = $1 AND session_id = $2 AND version = $3",
+            self.org_id, sid, target)
+        if row is None:
+            return _applied(rec, ev, UNKNOWN_TARGET)
+        changed = await self.conn.fetch(_ROLLBACK, self.org_id, sid, row["seq"], ev.event_id)
+        for kind, table in (("event", "session_events"), ("memory", "memory_versions")):
+            rows = [(r["event_id"], r["active"]) for r in changed if r["kind"] == kind]
+            if rows:
+                await self.conn.execute(
+                    f"UPDATE {table} t SET active = u.active "
+                    "FROM unnest($2::uuid[], $3::bool[]) AS u(event_id, active) "
+                    "WHERE t.org_id = $1 AND t.event_id = u.event_id",
+                    self.org_id, *_columns(rows, 2))
+        s.version, s.seq, s.active_count = target, row["seq"], row["depth"]
+        s.updated_at, s.last_event_id, s.dirty = ev.occurred, ev.event_id, True
+        return _applied(rec, ev, APPLIED, sid, s.seq, s.version)
+
+    async def _snapshot(self, rec: LogRecord, ev: Event) -> Applied:
+        p = ev.payload
+        sid, snapshot_id, name = p["session_id"], str(uuid.UUID(p["snapshot_id"])), p["name"]
+        if not isinstance(sid, str) or not sid or not isinstance(name, str) or not name:
+            raise ValueError("payload.session_id and payload.name must be non-empty strings")
+        s = self.sessions.get(sid)
+        await self.flush()
+        if s is None:
+            version, seq, items = genesis_version(session_key(self.org_id, sid)), 0, []
+        else:
+            version, seq = s.version, s.seq
+            items = [
+                {"seq": r["seq"], "event_id": str(r["event_id"]), "kind": r["kind"],
+                 "content_hash": r["content_hash"], "version": r["version"]}
+                for r in await self.conn.fetch(
+                    "SELECT seq, event_id, kind, content_hash, version FROM session_items "
+                    "WHERE org_id = $1 AND session_id = $2 AND active ORDER BY seq",
+                    self.org_id, sid)]
+        state = {"version": version, "seq": seq, "items": items}
+        won = await self.conn.fetchval(
+            "INSERT INTO snapshots (snapshot_id, org_id, session_id, name, version, seq, state, "
+            "                       event_id, created_at, created_by) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10) "
+            "ON CONFLICT (org_id, session_id, name) DO NOTHING RETURNING snapshot_id",
+            snapshot_id, self.org_id, sid, name, version, seq, _json_text(state), ev.event_id,
+            ev.occurred, ev.actor)
+        if won is None:
+            return _applied(rec, ev, SNAPSHOT_NAME_TAKEN, sid)
+        return _applied(rec, ev, APPLIED, sid, seq, version)
+
+
+async def _save_offsets(conn: asyncpg.Connection, projector: str, records: Sequence[LogRecord]) -> None:
+    high: dict[tuple[str, int], int] = {}
+    for r in records:
+        key = (r.topic, r.partition)
+        high[key] = max(high.get(key, -1), r.offset)
+    topics, partitions, offsets = _columns(((t, p, o) for (t, p), o in high.items()), 3)
+    await conn.execute(
+        'INSERT INTO projector_offsets (org_id, projector, topic, partition, "offset") '
+        "SELECT $1, $2, u.* FROM unnest($3::text[], $4::int[], $5::bigint[]) AS u "
+        "ON CONFLICT (org_id, projector, topic, partition) DO UPDATE "
+        'SET "offset" = GREATEST(projector_offsets."offset", EXCLUDED."offset"), updated_at = now()',
+        SYSTEM_ORG, projector, topics, partitions, offsets)
