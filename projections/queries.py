@@ -1,0 +1,262 @@
+"""Reads of the session read models, for the gRPC layer. SQL only, no protobuf.
+
+Every function takes a connection on which the caller has already set `app.org_id` for this
+transaction (`projections.database.org_transaction`), and ALSO filters on org_id itself: row-level
+security is the backstop, the explicit predicate keeps the indexes in use and the intent visible.
+jsonb values come back as Python objects whether or not the connection has the jsonb codec.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import orjson
+
+from context_engine.events import Event, decode
+
+
+def _json(value: Any) -> Any:
+    return orjson.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+def _uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    org_id: str
+    session_id: str
+    scope_path: str
+    genesis: str
+    version: str
+    seq: int
+    max_seq: int
+    item_count: int
+    active_count: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    last_event_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionItem:
+    seq: int
+    event_id: str
+    kind: str
+    content_hash: str
+    prev_seq: int
+    version: str
+    active: bool
+    rolled_back_by: str | None
+    occurred_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEvent:
+    event_id: str
+    org_id: str
+    session_id: str
+    seq: int
+    scope_path: str
+    event_type: str
+    content: bytes
+    metadata: dict[str, str]
+    content_sha256: str
+    token_count: int
+    version: str
+    occurred_at: dt.datetime
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryVersion:
+    event_id: str
+    org_id: str
+    scope_path: str
+    agent_id: str
+    session_id: str | None
+    seq: int | None
+    memory_type: str
+    content: bytes
+    metadata: dict[str, str]
+    content_sha256: str
+    session_version: str | None
+    created_at: dt.datetime
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    snapshot_id: str
+    org_id: str
+    session_id: str
+    name: str
+    version: str
+    seq: int
+    state: dict[str, Any]
+    event_id: str
+    created_at: dt.datetime
+    created_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedEvent:
+    event_id: str
+    org_id: str
+    topic: str
+    partition: int
+    offset: int
+    aggregate: str
+    type: str
+    schema_version: int
+    occurred_at: dt.datetime
+    actor: str
+    content_hash: str
+    raw: bytes
+    archived_at: dt.datetime
+
+    def decode(self) -> Event:
+        """The event upcast to the current schema of its type."""
+        return decode(self.raw)
+
+
+def _session(r: asyncpg.Record) -> Session:
+    return Session(r["org_id"], r["session_id"], r["scope_path"], r["genesis"], r["version"], r["seq"],
+                   r["max_seq"], r["item_count"], r["active_count"], r["created_at"], r["updated_at"],
+                   str(r["last_event_id"]))
+
+
+def _memory(r: asyncpg.Record) -> MemoryVersion:
+    return MemoryVersion(str(r["event_id"]), r["org_id"], r["scope_path"], r["agent_id"], r["session_id"],
+                         r["seq"], r["memory_type"], bytes(r["content"]), _json(r["metadata"]),
+                         r["content_sha256"], r["session_version"], r["created_at"], r["active"])
+
+
+def _snapshot(r: asyncpg.Record) -> Snapshot:
+    return Snapshot(str(r["snapshot_id"]), r["org_id"], r["session_id"], r["name"], r["version"], r["seq"],
+                    _json(r["state"]), str(r["event_id"]), r["created_at"], r["created_by"])
+
+
+async def get_session(conn: asyncpg.Connection, org_id: str, session_id: str) -> Session | None:
+    r = await conn.fetchrow("SELECT * FROM sessions WHERE org_id = $1 AND session_id = $2",
+                            org_id, session_id)
+    return _session(r) if r else None
+
+
+async def session_has_version(conn: asyncpg.Connection, org_id: str, session_id: str,
+                              version: str) -> int | None:
+    """The seq of the item that produced `version` (0 = genesis), or None if the session never
+    had it: RollbackContext answers NOT_FOUND on None."""
+    return await conn.fetchval(
+        "SELECT seq FROM session_versions WHERE org_id = $1 AND session_id = $2 AND version = $3",
+        org_id, session_id, version)
+
+
+async def session_items(conn: asyncpg.Connection, org_id: str, session_id: str, *,
+                        active_only: bool = False) -> list[SessionItem]:
+    """The session's chain in seq order; with active_only=False the audit view (rolled-back
+    items included, with the rollback event that removed them)."""
+    rows = await conn.fetch(
+        "SELECT seq, event_id, kind, content_hash, prev_seq, version, active, rolled_back_by, occurred_at "
+        "FROM session_items WHERE org_id = $1 AND session_id = $2 AND (active OR NOT $3) ORDER BY seq",
+        org_id, session_id, active_only)
+    return [SessionItem(r["seq"], str(r["event_id"]), r["kind"], r["content_hash"], r["prev_seq"],
+                        r["version"], r["active"],
+                        str(r["rolled_back_by"]) if r["rolled_back_by"] else None, r["occurred_at"])
+            for r in rows]
+
+
+async def session_event(conn: asyncpg.Connection, org_id: str, event_id: str) -> SessionEvent | None:
+    if (eid := _uuid(event_id)) is None:
+        return None
+    r = await conn.fetchrow("SELECT * FROM session_events WHERE org_id = $1 AND event_id = $2",
+                            org_id, eid)
+    if r is None:
+        return None
+    return SessionEvent(str(r["event_id"]), r["org_id"], r["session_id"], r["seq"], r["scope_path"],
+                        r["event_type"], bytes(r["content"]), _json(r["metadata"]), r["content_sha256"],
+                        r["token_count"], r["version"], r["occurred_at"], r["active"])
+
+
+async def latest_memory(conn: asyncpg.Connection, org_id: str, agent_id: str, session_id: str | None,
+                        visible_scope_paths: Sequence[str], *,
+                        memory_type: str | None = None) -> MemoryVersion | None:
+    """PullContext without a snapshot: the newest ACTIVE memory of `agent_id` (in `session_id`
+    when given: newest by chain seq; otherwise across sessions: newest by created_at), owned at
+    one of `visible_scope_paths` (the caller's own scope and its ancestors: Scope.ancestors())."""
+    if session_id:
+        r = await conn.fetchrow(
+            "SELECT * FROM memory_versions WHERE org_id = $1 AND agent_id = $2 AND session_id = $3 "
+            "AND active AND scope_path = ANY($4::text[]) AND ($5::text IS NULL OR memory_type = $5) "
+            "ORDER BY seq DESC LIMIT 1",
+            org_id, agent_id, session_id, list(visible_scope_paths), memory_type)
+    else:
+        r = await conn.fetchrow(
+            "SELECT * FROM memory_versions WHERE org_id = $1 AND agent_id = $2 "
+            "AND active AND scope_path = ANY($3::text[]) AND ($4::text IS NULL OR memory_type = $4) "
+            "ORDER BY created_at DESC, event_id DESC LIMIT 1",
+            org_id, agent_id, list(visible_scope_paths), memory_type)
+    return _memory(r) if r else None
+
+
+async def snapshot_memory(conn: asyncpg.Connection, org_id: str, session_id: str, snapshot_name: str,
+                          agent_id: str, visible_scope_paths: Sequence[str], *,
+                          memory_type: str | None = None) -> MemoryVersion | None:
+    """PullContext with snapshot_name: the newest memory of `agent_id` in the snapshot's state
+    (whatever happened to the session since; `active` reports the row's present flag)."""
+    r = await conn.fetchrow(
+        "SELECT m.* FROM snapshots s "
+        "CROSS JOIN LATERAL jsonb_to_recordset(s.state -> 'items') AS i(event_id uuid, kind text, seq bigint) "
+        "JOIN memory_versions m ON m.org_id = s.org_id AND m.event_id = i.event_id "
+        "WHERE s.org_id = $1 AND s.session_id = $2 AND s.name = $3 AND i.kind = 'memory' "
+        "AND m.agent_id = $4 AND m.scope_path = ANY($5::text[]) "
+        "AND ($6::text IS NULL OR m.memory_type = $6) "
+        "ORDER BY i.seq DESC LIMIT 1",
+        org_id, session_id, snapshot_name, agent_id, list(visible_scope_paths), memory_type)
+    return _memory(r) if r else None
+
+
+async def snapshot_by_name(conn: asyncpg.Connection, org_id: str, session_id: str,
+                           name: str) -> Snapshot | None:
+    r = await conn.fetchrow("SELECT * FROM snapshots WHERE org_id = $1 AND session_id = $2 AND name = $3",
+                            org_id, session_id, name)
+    return _snapshot(r) if r else None
+
+
+async def snapshot_by_id(conn: asyncpg.Connection, org_id: str, snapshot_id: str) -> Snapshot | None:
+    if (sid := _uuid(snapshot_id)) is None:
+        return None
+    r = await conn.fetchrow("SELECT * FROM snapshots WHERE org_id = $1 AND snapshot_id = $2", org_id, sid)
+    return _snapshot(r) if r else None
+
+
+async def event_by_id(conn: asyncpg.Connection, org_id: str, event_id: str) -> ArchivedEvent | None:
+    """The archived event (verbatim bytes and log position)."""
+    if (eid := _uuid(event_id)) is None:
+        return None
+    r = await conn.fetchrow("SELECT * FROM event_archive WHERE org_id = $1 AND event_id = $2", org_id, eid)
+    if r is None:
+        return None
+    return ArchivedEvent(str(r["event_id"]), r["org_id"], r["topic"], r["partition"], r["offset"],
+                         r["aggregate"], r["type"], r["schema_version"], r["occurred_at"], r["actor"],
+                         r["content_hash"], bytes(r["raw"]), r["archived_at"])
+
+
+async def applied_event_ids(conn: asyncpg.Connection, org_id: str, event_ids: Iterable[str]) -> set[str]:
+    """Which of these events are archived. Archive and projection commit in one transaction, so
+    archived = projected: read-your-writes and ack-after-archive can both poll this."""
+    ids = [u for e in event_ids if (u := _uuid(e)) is not None]
+    if not ids:
+        return set()
+    rows = await conn.fetch("SELECT event_id FROM event_archive WHERE org_id = $1 AND event_id = ANY($2::uuid[])",
+                            org_id, ids)
+    return {str(r["event_id"]) for r in rows}
