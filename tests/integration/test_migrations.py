@@ -1,0 +1,206 @@
+"""Versioned migrations, the API role and row-level security, against the real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from context_engine.embedded.postgres import with_database
+from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, SESSION_ROLLED_BACK, SNAPSHOT_CREATED, Event, session_aggregate
+from context_engine.hashing import sha256_hex
+from context_engine.projections import queries
+from context_engine.projections.database import DatabaseRoleError, create_pool, org_transaction
+from context_engine.projections.migrate import (
+    API_GROUP_ROLE,
+    MIGRATIONS_DIR,
+    MigrationError,
+    app_url,
+    load_migrations,
+    migrate,
+)
+from context_engine.projections.records import LogRecord
+from context_engine.projections.session_projector import apply_batch
+from context_engine.scope import Scope
+
+pytestmark = pytest.mark.integration
+
+APP_ROLE = "context_engine_app"
+APP_PASSWORD = "app-test-password"  # ignored by trust auth (embedded), needed by testcontainers
+CORE_TABLES = {"event_archive", "sessions", "session_items", "session_versions", "session_events",
+               "memory_versions", "snapshots", "projector_offsets"}
+
+
+@pytest.fixture
+async def fresh_db(postgres_url: str) -> AsyncIterator[str]:
+    """An empty database of its own on the session's server; dropped afterwards."""
+    name = f"ce_mig_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(postgres_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield with_database(postgres_url, name)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+def _events(org: str) -> list[Event]:
+    """One of each event type, so every core table gets a row for `org`."""
+    scope = Scope(org, "p1", "t1", "bot")
+    agg = session_aggregate(org, "s1")
+    content = b"hello " + org.encode()
+    b64 = base64.b64encode(content).decode()
+    ingest = Event(EVENT_INGESTED, scope, agg, "user", {
+        "session_id": "s1", "event_type": "message", "content_b64": b64, "metadata": {"k": "v"},
+        "content_sha256": sha256_hex(content), "token_count": 2})
+    push = Event(MEMORY_PUSHED, scope, agg, "user", {
+        "session_id": "s1", "agent_id": "bot", "memory_type": "semantic", "content_b64": b64,
+        "metadata": {}, "content_sha256": sha256_hex(content)})
+    snap = Event(SNAPSHOT_CREATED, scope, agg, "user",
+                 {"session_id": "s1", "snapshot_id": str(uuid.uuid4()), "name": "first"})
+    back = Event(SESSION_ROLLED_BACK, scope, agg, "user",
+                 {"session_id": "s1", "target_version": "0" * 64})  # unknown: a no-op, still archived
+    return [ingest, push, snap, back]
+
+
+async def _populate(url: str, orgs: list[str]) -> None:
+    records = [LogRecord("domain", n, i, ev.to_bytes())
+               for n, org in enumerate(orgs) for i, ev in enumerate(_events(org))]
+    conn = await asyncpg.connect(url)
+    try:
+        await apply_batch(conn, records)
+    finally:
+        await conn.close()
+
+
+async def test_migrate_twice_is_a_no_op_the_second_time(fresh_db: str) -> None:
+    assert await migrate(fresh_db, app_password=APP_PASSWORD) == [m.version for m in load_migrations()]
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        before = await conn.fetch("SELECT version, checksum, applied_at FROM schema_migrations ORDER BY version")
+        assert await migrate(fresh_db, app_password=APP_PASSWORD) == []
+        after = await conn.fetch("SELECT version, checksum, applied_at FROM schema_migrations ORDER BY version")
+        assert before == after
+        extensions = {r["extname"] for r in await conn.fetch("SELECT extname FROM pg_extension")}
+        assert {"vector", "pg_trgm"} <= extensions
+        tables = {r["table_name"] for r in await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
+        assert CORE_TABLES | {"schema_migrations"} <= tables
+    finally:
+        await conn.close()
+
+
+async def test_concurrent_starters_apply_each_migration_once(fresh_db: str) -> None:
+    results = await asyncio.gather(*(migrate(fresh_db, app_password=APP_PASSWORD) for _ in range(3)))
+    assert sorted(results, key=len) == [[], [], [m.version for m in load_migrations()]]
+
+
+async def test_a_changed_migration_is_refused(fresh_db: str, tmp_path: Path) -> None:
+    directory = tmp_path / "sql"
+    shutil.copytree(MIGRATIONS_DIR, directory)
+    assert await migrate(fresh_db, app_password=APP_PASSWORD, directory=directory)
+    first = sorted(directory.glob("*.sql"))[0]
+    first.write_text(first.read_text() + "\n-- edited after it was applied\n")
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        await migrate(fresh_db, app_password=APP_PASSWORD, directory=directory)
+    # A new file is the way to change the schema.
+    (directory / "9999_more.sql").write_text("CREATE TABLE IF NOT EXISTS later (org_id text);")
+    first.write_text(first.read_text().removesuffix("\n-- edited after it was applied\n"))
+    assert await migrate(fresh_db, app_password=APP_PASSWORD, directory=directory) == ["9999"]
+
+
+async def test_app_role_cannot_bypass_row_level_security(fresh_db: str) -> None:
+    await migrate(fresh_db, app_password=APP_PASSWORD)
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        for role in (APP_ROLE, API_GROUP_ROLE):
+            row = await conn.fetchrow(
+                "SELECT rolsuper, rolbypassrls, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = $1", role)
+            assert row is not None and not any(row.values()), (role, dict(row))
+        # Membership must not lead to any role that bypasses RLS either.
+        assert not await conn.fetchval(
+            "SELECT bool_or(r.rolsuper OR r.rolbypassrls) FROM pg_roles r "
+            "WHERE pg_has_role($1, r.oid, 'MEMBER') AND r.rolname <> $1", APP_ROLE)
+        assert not await conn.fetchval("SELECT has_table_privilege($1, 'sessions', 'INSERT')", APP_ROLE)
+        assert not await conn.fetchval("SELECT has_table_privilege($1, 'schema_migrations', 'SELECT')", APP_ROLE)
+    finally:
+        await conn.close()
+    with pytest.raises(DatabaseRoleError):
+        await create_pool(fresh_db)  # the admin URL is refused where RLS must apply
+    pool = await create_pool(app_url(fresh_db, APP_ROLE, APP_PASSWORD), max_size=2)
+    await pool.close()
+
+
+async def test_without_org_setting_every_table_is_empty(fresh_db: str) -> None:
+    await migrate(fresh_db, app_password=APP_PASSWORD)
+    await _populate(fresh_db, ["org-a", "org-b"])
+    admin = await asyncpg.connect(fresh_db)
+    app = await asyncpg.connect(app_url(fresh_db, APP_ROLE, APP_PASSWORD))
+    try:
+        tables = [r["table_name"] for r in await admin.fetch(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = 'public' AND table_type = 'BASE TABLE' ORDER BY table_name")]
+        assert CORE_TABLES <= set(tables)
+        checked = []
+        for table in tables:
+            if not await admin.fetchval("SELECT has_table_privilege($1, $2, 'SELECT')", APP_ROLE, table):
+                continue  # e.g. schema_migrations: not even readable
+            flags = await admin.fetchrow(
+                "SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = $1::regclass", table)
+            assert flags["relrowsecurity"] and flags["relforcerowsecurity"], table
+            orgs = {r["org_id"] for r in await admin.fetch(f'SELECT DISTINCT org_id FROM "{table}"')}
+            if table in CORE_TABLES:
+                assert orgs == ({"_system"} if table == "projector_offsets" else {"org-a", "org-b"}), table
+            assert await app.fetchval(f'SELECT count(*) FROM "{table}"') == 0, table
+            async with app.transaction():
+                await app.execute("SELECT set_config('app.org_id', 'org-a', true)")
+                seen = {r["org_id"] for r in await app.fetch(f'SELECT org_id FROM "{table}"')}
+                assert seen <= {"org-a"}, table
+                if table in CORE_TABLES - {"projector_offsets"}:
+                    assert seen == {"org-a"}, table
+            # transaction-local: gone after commit, on the same connection
+            assert await app.fetchval(f'SELECT count(*) FROM "{table}"') == 0, table
+            checked.append(table)
+        assert CORE_TABLES <= set(checked)
+    finally:
+        await app.close()
+        await admin.close()
+
+
+async def test_app_role_cannot_write_another_orgs_rows(fresh_db: str) -> None:
+    await migrate(fresh_db, app_password=APP_PASSWORD)
+    await _populate(fresh_db, ["org-a", "org-b"])
+    pool = await create_pool(app_url(fresh_db, APP_ROLE, APP_PASSWORD), max_size=2)
+    admin = await asyncpg.connect(fresh_db)
+    try:
+        # Production grants are read-only ...
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="permission denied"):
+            async with org_transaction(pool, "org-a") as conn:
+                await conn.execute("DELETE FROM sessions")
+        # ... so grant a write to see the WITH CHECK half of the policy at work.
+        await admin.execute(f'GRANT INSERT, UPDATE ON snapshots TO "{API_GROUP_ROLE}"')
+        row = ("s1", "x", "0" * 64, 0, "{}", str(uuid.uuid4()), "user")
+        insert = ("INSERT INTO snapshots (snapshot_id, org_id, session_id, name, version, seq, state, "
+                  "event_id, created_at, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, now(), $9)")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+            async with org_transaction(pool, "org-a") as conn:
+                await conn.execute(insert, uuid.uuid4(), "org-b", *row)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+            async with org_transaction(pool, "org-a") as conn:
+                await conn.execute("UPDATE snapshots SET org_id = 'org-b'")
+        async with org_transaction(pool, "org-a") as conn:
+            await conn.execute(insert, uuid.uuid4(), "org-a", *row)
+            # Reads through the query module see org a only, whatever ids are asked for.
+            assert await queries.get_session(conn, "org-b", "s1") is None
+            assert (await queries.get_session(conn, "org-a", "s1")).active_count == 2
+        assert await admin.fetchval("SELECT count(*) FROM snapshots WHERE org_id = 'org-b'") == 1
+        assert await admin.fetchval("SELECT count(*) FROM snapshots WHERE org_id = 'org-a'") == 2
+    finally:
+        await admin.close()
+        await pool.close()

@@ -1,0 +1,508 @@
+"""The session projection against the real PostgreSQL: chain, idempotence, rollback, snapshots,
+replay. Tests share one migrated database and keep apart by org id; replay gets its own."""
+
+from __future__ import annotations
+
+import base64
+import random
+import uuid
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import orjson
+import pytest
+
+from context_engine.embedded.postgres import with_database
+from context_engine import events as events_module
+from context_engine.events import (
+    EVENT_INGESTED,
+    MEMORY_PUSHED,
+    SESSION_ROLLED_BACK,
+    SNAPSHOT_CREATED,
+    Event,
+    session_aggregate,
+)
+from context_engine.hashing import chain, genesis_version, next_version, sha256_hex
+from context_engine.projections import queries
+from context_engine.projections.migrate import migrate
+from context_engine.projections.records import LogRecord
+from context_engine.projections.session_projector import (
+    APPLIED,
+    DUPLICATE,
+    IGNORED,
+    SNAPSHOT_NAME_TAKEN,
+    UNKNOWN_TARGET,
+    ProjectionError,
+    apply_batch,
+    load_offsets,
+)
+from context_engine.scope import Scope
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "context-engine.domain-events"
+PARTITIONS = 3
+
+
+# -- building events ------------------------------------------------------------------------
+
+
+def scope(org: str, agent: str = "bot-1") -> Scope:
+    return Scope(org, "pillar", "team", agent)
+
+
+def ingest(org: str, session: str, text: str, **meta: str) -> Event:
+    content = text.encode()
+    return Event(EVENT_INGESTED, scope(org), session_aggregate(org, session), "user-1", {
+        "session_id": session, "event_type": "message",
+        "content_b64": base64.b64encode(content).decode(), "metadata": dict(meta),
+        "content_sha256": sha256_hex(content), "token_count": len(text.split())})
+
+
+def push(org: str, session: str, text: str, *, agent: str = "bot-1", memory_type: str = "semantic") -> Event:
+    content = text.encode()
+    agg = session_aggregate(org, session) if session else f"memory/{org}/{agent}"
+    return Event(MEMORY_PUSHED, scope(org, agent), agg, "user-1", {
+        "session_id": session, "agent_id": agent, "memory_type": memory_type,
+        "content_b64": base64.b64encode(content).decode(), "metadata": {"src": "test"},
+        "content_sha256": sha256_hex(content)})
+
+
+def snapshot(org: str, session: str, name: str) -> Event:
+    return Event(SNAPSHOT_CREATED, scope(org), session_aggregate(org, session), "lead-1",
+                 {"session_id": session, "snapshot_id": str(uuid.uuid4()), "name": name})
+
+
+def rollback(org: str, session: str, target: str) -> Event:
+    return Event(SESSION_ROLLED_BACK, scope(org), session_aggregate(org, session), "admin-1",
+                 {"session_id": session, "target_version": target})
+
+
+class Log:
+    """A stand-in for the topic: partition by aggregate key, offsets per partition. Each Log is
+    a topic of its own, as tests share a database."""
+
+    def __init__(self) -> None:
+        self.topic = f"{TOPIC}-{uuid.uuid4().hex[:8]}"
+        self.next = [0] * PARTITIONS
+        self.records: list[LogRecord] = []
+
+    def append(self, *events: Event | bytes, aggregate: str | None = None) -> list[LogRecord]:
+        out = []
+        for ev in events:
+            raw = ev if isinstance(ev, bytes) else ev.to_bytes()
+            key = aggregate or orjson.loads(raw)["aggregate"]
+            p = zlib.crc32(key.encode()) % PARTITIONS
+            out.append(LogRecord(self.topic, p, self.next[p], raw))
+            self.next[p] += 1
+        self.records += out
+        return out
+
+
+def key(org: str, session: str) -> str:
+    return f"{org}/{session}"
+
+
+def new_org() -> str:
+    return f"org-{uuid.uuid4().hex[:8]}"
+
+
+# -- fixtures -------------------------------------------------------------------------------
+
+
+async def _create_db(postgres_url: str, prefix: str) -> tuple[str, str]:
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(postgres_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    url = with_database(postgres_url, name)
+    await migrate(url, app_password="app-test-password")
+    return name, url
+
+
+async def _drop_db(postgres_url: str, name: str) -> None:
+    admin = await asyncpg.connect(postgres_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="module")
+async def db_url(postgres_url: str) -> AsyncIterator[str]:
+    name, url = await _create_db(postgres_url, "ce_proj")
+    yield url
+    await _drop_db(postgres_url, name)
+
+
+@pytest.fixture
+async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(db_url)
+    yield c
+    await c.close()
+
+
+async def in_org(conn: asyncpg.Connection, org: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a query function the way the API does: inside a transaction with app.org_id set."""
+    async with conn.transaction():
+        await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
+        return await fn(conn, org, *args, **kwargs)
+
+
+async def counts(conn: asyncpg.Connection, org: str) -> dict[str, int]:
+    out = {}
+    for table in ("event_archive", "sessions", "session_items", "session_versions", "session_events",
+                  "memory_versions", "snapshots"):
+        out[table] = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE org_id = $1", org)
+    return out
+
+
+async def item_versions(conn: asyncpg.Connection, org: str, session: str) -> list[tuple[int, str, bool]]:
+    rows = await conn.fetch("SELECT seq, version, active FROM session_items WHERE org_id = $1 AND "
+                            "session_id = $2 ORDER BY seq", org, session)
+    return [(r["seq"], r["version"], r["active"]) for r in rows]
+
+
+# -- tests ----------------------------------------------------------------------------------
+
+
+async def test_versions_follow_the_hash_chain_in_log_order(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    sessions = ["s1", "s2", "s3"]
+    events = []
+    for i in range(30):
+        s = sessions[i % 3]
+        events.append(push(org, s, f"memory {i}") if i % 5 == 4 else ingest(org, s, f"event {i} text", n=str(i)))
+    records = log.append(*events)
+    applied = []
+    for start in range(0, len(records), 7):  # batches cut across sessions and partitions
+        applied += await apply_batch(conn, records[start:start + 7])
+    assert [a.outcome for a in applied] == [APPLIED] * 30
+    assert [a.event_id for a in applied] == [e.event_id for e in events]
+
+    for s in sessions:
+        mine = [e for e in events if e.payload["session_id"] == s]
+        expected = chain(key(org, s), [e.content_hash for e in mine])
+        assert [a.version for a in applied if a.session_id == s] == expected[1:]
+        assert await item_versions(conn, org, s) == [(n + 1, v, True) for n, v in enumerate(expected[1:])]
+        session = await in_org(conn, org, queries.get_session, s)
+        assert (session.version, session.seq, session.item_count, session.active_count) == (
+            expected[-1], 10, 10, 10)
+        assert session.genesis == expected[0] == genesis_version(key(org, s))
+        versions = {r["version"] for r in await conn.fetch(
+            "SELECT version FROM session_versions WHERE org_id = $1 AND session_id = $2", org, s)}
+        assert versions == set(expected)
+        for n, v in enumerate(expected):
+            assert await in_org(conn, org, queries.session_has_version, s, v) == n
+        assert await in_org(conn, org, queries.session_has_version, s, "f" * 64) is None
+
+    # Read models carry what the handlers need to answer.
+    first = events[0]
+    row = await in_org(conn, org, queries.session_event, first.event_id)
+    assert (row.content, row.metadata, row.token_count, row.event_type) == (b"event 0 text", {"n": "0"}, 3, "message")
+    assert row.content_sha256 == sha256_hex(b"event 0 text") and row.scope_path == scope(org).path
+    archived = await in_org(conn, org, queries.event_by_id, first.event_id)
+    assert archived.raw == first.to_bytes() and archived.decode() == first
+    assert (archived.topic, archived.partition, archived.offset) == (records[0].topic, records[0].partition, records[0].offset)
+    assert await in_org(conn, org, queries.applied_event_ids, [e.event_id for e in events[:3]] + [str(uuid.uuid4())]) \
+        == {e.event_id for e in events[:3]}
+
+    visible = [s.path for s in scope(org).ancestors()]
+    latest = await in_org(conn, org, queries.latest_memory, "bot-1", "s2", visible)
+    assert latest.content == b"memory 19" and latest.memory_type == "semantic" and latest.seq == 7
+    assert (await in_org(conn, org, queries.latest_memory, "bot-1", None, visible)).content == b"memory 29"
+    assert await in_org(conn, org, queries.latest_memory, "bot-1", "s2", [org]) is None  # owned below org
+    assert await in_org(conn, org, queries.latest_memory, "bot-2", "s2", visible) is None
+
+    assert (await load_offsets(conn))[(log.topic, records[-1].partition)] == log.next[records[-1].partition] - 1
+
+
+async def test_duplicate_delivery_changes_nothing(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    events = [ingest(org, "s", f"e{i}") for i in range(5)] + [push(org, "s", "m")]
+    records = log.append(*events)
+    await apply_batch(conn, records[:4])
+    await apply_batch(conn, records[2:])  # overlapping redelivery after a crash before commit
+    before = (await counts(conn, org), await item_versions(conn, org, "s"),
+              await in_org(conn, org, queries.get_session, "s"))
+    assert before[0]["session_items"] == 6
+
+    again = await apply_batch(conn, records)  # same offsets
+    assert {a.outcome for a in again} == {DUPLICATE}
+    moved = log.append(*events)  # same events at new offsets (e.g. a producer retry)
+    assert {a.outcome for a in await apply_batch(conn, moved)} == {DUPLICATE}
+    after = (await counts(conn, org), await item_versions(conn, org, "s"),
+             await in_org(conn, org, queries.get_session, "s"))
+    assert after == before
+    assert before[2].version == chain(key(org, "s"), [e.content_hash for e in events])[-1]
+
+    # Within one batch, the second copy is the duplicate.
+    extra = ingest(org, "s", "e-extra")
+    twice = log.append(extra, extra)
+    assert [a.outcome for a in await apply_batch(conn, twice)] == [APPLIED, DUPLICATE]
+    assert (await counts(conn, org))["session_items"] == 7
+    offsets = await load_offsets(conn)
+    assert offsets[(log.topic, twice[-1].partition)] == twice[-1].offset
+
+
+async def test_a_reused_log_position_fails_the_whole_batch(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    [first] = log.append(ingest(org, "s", "one"))
+    await apply_batch(conn, [first])
+    before = await counts(conn, org)
+    other = ingest(org, "s", "another event at the same offset")
+    fresh = ingest(org, "s", "innocent bystander")
+    with pytest.raises(ProjectionError, match="reused offsets"):
+        await apply_batch(conn, [LogRecord(first.topic, first.partition, first.offset, other.to_bytes()),
+                                 LogRecord(first.topic, first.partition, first.offset + 1, fresh.to_bytes())])
+    assert await counts(conn, org) == before
+    with pytest.raises(ProjectionError, match="cannot decode"):
+        await apply_batch(conn, [LogRecord(TOPIC, 0, 10**6, b"not an event")])
+    broken = Event(EVENT_INGESTED, scope(org), session_aggregate(org, "s"), "u", {"session_id": "s"})
+    [bad] = log.append(broken)
+    with pytest.raises(ProjectionError, match=rf"{bad.topic}\[{bad.partition}\]@{bad.offset}.*content_b64"):
+        await apply_batch(conn, log.append(fresh) + [bad])
+    assert await counts(conn, org) == before
+
+
+async def test_other_event_types_are_archived_and_ignored(conn: asyncpg.Connection,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(events_module.CURRENT_VERSIONS, "share.granted", 1)
+    org, log = new_org(), Log()
+    share = Event("share.granted", scope(org), f"share/{org}/x", "u", {"share_id": "x"})
+    [a] = await apply_batch(conn, log.append(share))
+    assert a.outcome == IGNORED
+    assert (await counts(conn, org)) == {**dict.fromkeys(_DUMP, 0), "event_archive": 1}
+
+
+async def test_an_older_schema_version_is_upcast_and_archived_verbatim(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    content = b"from a v1 producer"
+    v1 = {"event_id": str(uuid.uuid4()), "type": EVENT_INGESTED, "schema_version": 1,
+          "scope": {"org_id": org, "pillar_id": "", "team_id": "", "agent_id": ""},
+          "aggregate": session_aggregate(org, "s"), "occurred_at": "2026-01-02T03:04:05.000000Z",
+          "actor": "old", "payload": {"session_id": "s", "kind": "tool_output",
+                                      "content_b64": base64.b64encode(content).decode(),
+                                      "content_sha256": sha256_hex(content), "token_count": 4}}
+    v1["content_hash"] = sha256_hex(orjson.dumps(v1["payload"], option=orjson.OPT_SORT_KEYS))
+    raw = orjson.dumps(v1, option=orjson.OPT_SORT_KEYS)
+    [applied] = await apply_batch(conn, log.append(raw))
+    assert applied.version == next_version(genesis_version(key(org, "s")), v1["content_hash"])
+    row = await in_org(conn, org, queries.session_event, v1["event_id"])
+    assert (row.event_type, row.metadata, row.content) == ("tool_output", {}, content)
+    assert (await in_org(conn, org, queries.event_by_id, v1["event_id"])).raw == raw
+
+
+async def test_rollback_deactivates_later_items_and_chains_from_the_target(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    events = [ingest(org, "s", f"e{i}") for i in range(1, 4)] + [push(org, "s", "m4"), ingest(org, "s", "e5")]
+    v = chain(key(org, "s"), [e.content_hash for e in events])  # v[0] .. v[5]
+    await apply_batch(conn, log.append(*events))
+    visible = [s.path for s in scope(org).ancestors()]
+    assert (await in_org(conn, org, queries.latest_memory, "bot-1", "s", visible)).content == b"m4"
+
+    back = rollback(org, "s", v[2])
+    [r] = await apply_batch(conn, log.append(back))
+    assert (r.outcome, r.version, r.seq) == (APPLIED, v[2], 2)
+    items = await in_org(conn, org, queries.session_items, "s")
+    assert [(i.seq, i.active, i.rolled_back_by) for i in items] == [
+        (1, True, None), (2, True, None), (3, False, back.event_id), (4, False, back.event_id), (5, False, back.event_id)]
+    assert [i.seq for i in await in_org(conn, org, queries.session_items, "s", active_only=True)] == [1, 2]
+    assert not (await in_org(conn, org, queries.session_event, events[2].event_id)).active
+    assert await in_org(conn, org, queries.latest_memory, "bot-1", "s", visible) is None
+    session = await in_org(conn, org, queries.get_session, "s")
+    assert (session.version, session.seq, session.active_count, session.item_count, session.max_seq) == (v[2], 2, 2, 5, 5)
+
+    # The next item chains from the target, with a fresh seq; the rolled-back items stay.
+    e6, e7 = ingest(org, "s", "e6"), ingest(org, "s", "e7")
+    a6, a7 = await apply_batch(conn, log.append(e6, e7))
+    assert (a6.seq, a6.version) == (6, next_version(v[2], e6.content_hash))
+    assert a7.version == chain(key(org, "s"), [events[0].content_hash, events[1].content_hash,
+                                                e6.content_hash, e7.content_hash])[-1]
+    assert [(i.seq, i.prev_seq) for i in await in_org(conn, org, queries.session_items, "s", active_only=True)] \
+        == [(1, 0), (2, 1), (6, 2), (7, 6)]
+
+    # Rolling back to a version that was itself rolled back restores exactly its state.
+    [r] = await apply_batch(conn, log.append(rollback(org, "s", v[4])))
+    assert (r.outcome, r.version) == (APPLIED, v[4])
+    assert [i.seq for i in await in_org(conn, org, queries.session_items, "s", active_only=True)] == [1, 2, 3, 4]
+    assert (await in_org(conn, org, queries.latest_memory, "bot-1", "s", visible)).content == b"m4"
+    assert (await in_org(conn, org, queries.get_session, "s")).active_count == 4
+
+    # Back to genesis, and rollback + append inside one batch.
+    e8 = ingest(org, "s", "e8")
+    results = await apply_batch(conn, log.append(rollback(org, "s", v[0]), e8))
+    assert results[1].version == next_version(v[0], e8.content_hash)
+    assert [i.seq for i in await in_org(conn, org, queries.session_items, "s", active_only=True)] == [8]
+    assert (await in_org(conn, org, queries.session_has_version, "s", results[1].version)) == 8
+
+
+async def test_rollback_to_an_unknown_target_changes_nothing(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    await apply_batch(conn, log.append(ingest(org, "s", "a"), ingest(org, "s", "b")))
+    before = (await counts(conn, org), await item_versions(conn, org, "s"),
+              await in_org(conn, org, queries.get_session, "s"))
+    other_session_version = chain(key(org, "other"), [ingest(org, "other", "x").content_hash])[1]
+    results = await apply_batch(conn, log.append(
+        rollback(org, "s", "0" * 64), rollback(org, "s", other_session_version),
+        rollback(org, "never-seen", "1" * 64)))
+    assert [r.outcome for r in results] == [UNKNOWN_TARGET] * 3
+    after = (await counts(conn, org), await item_versions(conn, org, "s"),
+             await in_org(conn, org, queries.get_session, "s"))
+    assert after[1:] == before[1:]
+    assert after[0] == {**before[0], "event_archive": before[0]["event_archive"] + 3}
+
+
+async def test_snapshot_name_collision_keeps_the_first(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    e1, m2 = ingest(org, "s", "one"), push(org, "s", "memory two")
+    await apply_batch(conn, log.append(e1, m2))
+    v = chain(key(org, "s"), [e1.content_hash, m2.content_hash])
+    first, second = snapshot(org, "s", "before-deploy"), snapshot(org, "s", "before-deploy")
+    e3 = ingest(org, "s", "three")
+    results = await apply_batch(conn, log.append(first, e3, second, snapshot(org, "other", "before-deploy")))
+    assert [r.outcome for r in results] == [APPLIED, APPLIED, SNAPSHOT_NAME_TAKEN, APPLIED]
+
+    snap = await in_org(conn, org, queries.snapshot_by_name, "s", "before-deploy")
+    assert snap.snapshot_id == first.payload["snapshot_id"] and snap.version == v[2] and results[0].version == v[2]
+    assert snap.state == {"version": v[2], "seq": 2, "items": [
+        {"seq": 1, "event_id": e1.event_id, "kind": "event", "content_hash": e1.content_hash, "version": v[1]},
+        {"seq": 2, "event_id": m2.event_id, "kind": "memory", "content_hash": m2.content_hash, "version": v[2]}]}
+    assert snap.created_by == "lead-1"
+    assert await in_org(conn, org, queries.snapshot_by_id, second.payload["snapshot_id"]) is None
+    assert (await in_org(conn, org, queries.snapshot_by_id, first.payload["snapshot_id"])) == snap
+    # A session without items snapshots its genesis state.
+    empty = await in_org(conn, org, queries.snapshot_by_name, "other", "before-deploy")
+    assert (empty.version, empty.state["items"]) == (genesis_version(key(org, "other")), [])
+
+    # The snapshot's memory survives a later rollback and a newer push.
+    visible = [s.path for s in scope(org).ancestors()]
+    await apply_batch(conn, log.append(rollback(org, "s", v[0]), push(org, "s", "memory later")))
+    assert (await in_org(conn, org, queries.latest_memory, "bot-1", "s", visible)).content == b"memory later"
+    old = await in_org(conn, org, queries.snapshot_memory, "s", "before-deploy", "bot-1", visible)
+    assert old.content == b"memory two" and not old.active
+    assert await in_org(conn, org, queries.snapshot_memory, "s", "no-such", "bot-1", visible) is None
+
+
+async def test_memory_outside_a_session_has_no_chain(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    [a] = await apply_batch(conn, log.append(push(org, "", "standalone", agent="bot-9")))
+    assert (a.outcome, a.session_id, a.version) == (APPLIED, None, None)
+    assert (await counts(conn, org))["session_items"] == 0
+    got = await in_org(conn, org, queries.latest_memory, "bot-9", None,
+                       [s.path for s in scope(org, "bot-9").ancestors()])
+    assert got.content == b"standalone" and got.session_id is None
+
+
+async def test_a_worker_role_subject_to_rls_projects_the_same(conn: asyncpg.Connection, db_url: str) -> None:
+    """apply_batch sets app.org_id per org: it must not depend on bypassing RLS."""
+    role = "ce_test_rls_worker"
+    await conn.execute(f"""DO $$ BEGIN CREATE ROLE {role} NOLOGIN NOBYPASSRLS;
+                           EXCEPTION WHEN duplicate_object THEN NULL; END $$""")
+    await conn.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role}")
+    orgs, log = [new_org(), new_org()], Log()
+    events = [ingest(o, "s", f"{o} {i}") for i in range(3) for o in orgs] + [rollback(orgs[0], "s", "0" * 64)]
+    worker = await asyncpg.connect(db_url)
+    try:
+        await worker.execute(f"SET ROLE {role}")
+        assert not await worker.fetchval("SELECT rolbypassrls OR rolsuper FROM pg_roles WHERE rolname = current_user")
+        results = await apply_batch(worker, log.append(*events))
+        assert [r.outcome for r in results] == [APPLIED] * 6 + [UNKNOWN_TARGET]
+        assert await load_offsets(worker)
+    finally:
+        await worker.close()
+    for o in orgs:
+        mine = [e.content_hash for e in events if e.scope.org_id == o and e.type == EVENT_INGESTED]
+        assert (await in_org(conn, o, queries.get_session, "s")).version == chain(key(o, "s"), mine)[-1]
+
+
+# -- replay ---------------------------------------------------------------------------------
+
+
+def _random_log(orgs: list[str], n: int, seed: int) -> Log:
+    rng, log = random.Random(seed), Log()
+    seen: dict[tuple[str, str], list[str]] = {}
+    sent: list[Event] = []
+    for i in range(n):
+        org, s = rng.choice(orgs), f"s{rng.randrange(6)}"
+        roll = rng.random()
+        versions = seen.get((org, s), [])
+        if roll < 0.06 and versions:
+            target = rng.choice(versions)
+            ev = rollback(org, s, target)
+            versions.append(target)  # the state version is the target again
+        elif roll < 0.10:
+            ev = snapshot(org, s, f"snap-{rng.randrange(4)}")
+        elif roll < 0.30:
+            ev = push(org, s, f"memory {i}", memory_type=rng.choice(["episodic", "semantic", "working"]))
+        else:
+            ev = ingest(org, s, f"event {i} " + "word " * rng.randrange(5), i=str(i))
+        if roll >= 0.10:  # the version this append produces: a later rollback target
+            versions.append(next_version(versions[-1] if versions else genesis_version(key(org, s)), ev.content_hash))
+            seen[(org, s)] = versions
+        log.append(ev)
+        sent.append(ev)
+        if rng.random() < 0.05:  # a redelivery at a new offset
+            log.append(rng.choice(sent))
+    return log
+
+
+_DUMP = {
+    "sessions": "SELECT org_id, session_id, scope_path, genesis, version, seq, max_seq, item_count, active_count, "
+                "created_at, updated_at, last_event_id FROM sessions ORDER BY 1, 2",
+    "session_items": "SELECT org_id, session_id, seq, event_id, kind, content_hash, prev_seq, version, active, "
+                     "rolled_back_by, occurred_at FROM session_items ORDER BY 1, 2, 3",
+    "session_versions": "SELECT * FROM session_versions ORDER BY 1, 2, 3",
+    "session_events": "SELECT * FROM session_events ORDER BY event_id",
+    "memory_versions": "SELECT * FROM memory_versions ORDER BY event_id",
+    "snapshots": "SELECT * FROM snapshots ORDER BY snapshot_id",
+    "event_archive": "SELECT event_id, org_id, topic, partition, \"offset\", aggregate, type, schema_version, "
+                     "occurred_at, actor, content_hash, raw FROM event_archive ORDER BY event_id",
+}
+
+
+async def _dump(conn: asyncpg.Connection) -> dict[str, list[tuple[Any, ...]]]:
+    return {table: [tuple(r.values()) for r in await conn.fetch(sql)] for table, sql in _DUMP.items()}
+
+
+async def test_replay_of_the_archive_into_a_fresh_database_is_identical(postgres_url: str) -> None:
+    orgs = [new_org(), new_org()]
+    log = _random_log(orgs, 600, seed=7)
+    names = []
+    try:
+        name, live_url = await _create_db(postgres_url, "ce_live")
+        names.append(name)
+        live = await asyncpg.connect(live_url)
+        try:
+            rng = random.Random(1)
+            records, i = log.records, 0
+            while i < len(records):  # live: small, uneven batches, as the agent takes them
+                step = rng.randrange(1, 40)
+                await apply_batch(live, records[i:i + step])
+                i += step
+            want = await _dump(live)
+            archived = [LogRecord(r["topic"], r["partition"], r["offset"], bytes(r["raw"])) for r in await live.fetch(
+                'SELECT topic, partition, "offset", raw FROM event_archive ORDER BY topic, partition, "offset"')]
+        finally:
+            await live.close()
+        assert len(archived) == len({orjson.loads(r.raw)["event_id"] for r in log.records})
+        assert len(want["snapshots"]) > 0 and any(not row[8] for row in want["session_items"])  # rollbacks happened
+
+        name, replay_url = await _create_db(postgres_url, "ce_replay")
+        names.append(name)
+        fresh = await asyncpg.connect(replay_url)
+        try:
+            for start in range(0, len(archived), 500):  # replay: big batches, partition by partition
+                await apply_batch(fresh, archived[start:start + 500])
+            got = await _dump(fresh)
+        finally:
+            await fresh.close()
+        assert {t: len(rows) for t, rows in got.items()} == {t: len(rows) for t, rows in want.items()}
+        assert got == want
+    finally:
+        for name in names:
+            await _drop_db(postgres_url, name)
