@@ -270,6 +270,30 @@ def import_prompt_guard(source: pathlib.Path, models_dir: pathlib.Path, *, revis
 # --- GLiNER --------------------------------------------------------------------------------------
 
 
+def _backbone_tokenizer(backbone: pathlib.Path, config: dict[str, Any], work: pathlib.Path) -> None:
+    """Save the backbone's tokenizer with GLiNER's marker tokens appended, as at training time.
+
+    A GLiNER save records the index of its entity marker (`class_token_index`) and the grown
+    vocabulary size; the backbone's own tokenizer lacks the markers, so they are appended in
+    GLiNER's order ([FLERT], ent_token, sep_token) and the result must land on those indices.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(backbone), local_files_only=True)
+    except Exception as exc:
+        raise ImportFailed(f"cannot load a tokenizer from --backbone {backbone}: {exc}") from exc
+    ent, sep = config.get("ent_token", "<<ENT>>"), config.get("sep_token", "<<SEP>>")
+    tokenizer.add_tokens([t for t in ("[FLERT]", ent, sep) if t not in tokenizer.get_vocab()], special_tokens=True)
+    want_index, want_size = config.get("class_token_index", -1), config.get("vocab_size", -1)
+    got_index = tokenizer.convert_tokens_to_ids(ent)
+    if want_index not in (-1, got_index) or want_size not in (-1, len(tokenizer)):
+        raise ImportFailed(f"the --backbone tokenizer does not fit this GLiNER save: {ent!r} lands at {got_index} "
+                           f"(expected {want_index}), {len(tokenizer)} tokens (expected {want_size}); is it the "
+                           "backbone the model was trained from?")
+    tokenizer.save_pretrained(str(work))
+
+
 def import_gliner(source: pathlib.Path, models_dir: pathlib.Path, *, revision: str | None = None,
                   source_name: str = gliner_pii.DEFAULT_SOURCE, backbone: pathlib.Path | None = None,
                   export_onnx: bool = False, force: bool = False, dest: pathlib.Path | None = None,
@@ -307,6 +331,8 @@ def import_gliner(source: pathlib.Path, models_dir: pathlib.Path, *, revision: s
             config = json.loads((work / gliner_pii.CONFIG_FILE).read_text())
             config["model_name"] = str(backbone.expanduser().resolve())
             _write_json(work / gliner_pii.CONFIG_FILE, config)
+            if not (work / "tokenizer_config.json").is_file():
+                _backbone_tokenizer(backbone, config, work)
             load_from = work
         _say(progress, f"loading {source} with gliner")
         try:
@@ -322,7 +348,9 @@ def import_gliner(source: pathlib.Path, models_dir: pathlib.Path, *, revision: s
         files: dict[str, str] = {}
         if export_onnx:
             _say(progress, "exporting to ONNX")
-            model.export_to_onnx(str(staging), onnx_filename="model.onnx")
+            with warnings.catch_warnings():  # tracer chatter about python control flow in the graph
+                warnings.simplefilter("ignore")
+                model.export_to_onnx(str(staging), onnx_filename="model.onnx")
             files["onnx"] = "model.onnx"
         rev = revision or gliner_pii.content_revision(weights)
         _write_json(staging / gliner_pii.MANIFEST_NAME, {

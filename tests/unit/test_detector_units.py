@@ -255,6 +255,53 @@ def test_cli_imports_an_onnx_export_and_reports_status(detector_models: TinyMode
     assert not rows[1]["installed"] and rows[1]["directory"].endswith("gliner-small-v2.1")
 
 
+def test_gliner_onnx_export_serves_like_torch(detector_models: TinyModels, tmp_path: pathlib.Path) -> None:  # noqa: F811
+    from context_engine.inference.detector.importer import import_gliner
+
+    # the installed copy is itself a self-contained GLiNER directory, so it can be re-imported
+    installed = import_gliner(detector_models.gliner_dir, tmp_path, revision="onnx-test", export_onnx=True)
+    assert json.loads((installed / "manifest.json").read_text())["files"] == {"onnx": "model.onnx"}
+    labels = [label for label, _ in gliner_pii.PROMPT_LABELS]
+    texts = [DEFAULT_CANARY_TEXT, "My name is Aoife Ní Bhriain, born 4 March 1987."]
+    by_torch = gliner_pii.GlinerModel(installed).predict(texts, labels, 0.5)
+    by_onnx = gliner_pii.GlinerModel(installed, runtime="onnx").predict(texts, labels, 0.5)
+    # random weights put scores near 0.5: compare what both backends found with a tolerance
+    for a, b in zip(by_torch, by_onnx, strict=True):
+        common = {(s.start, s.end, s.label): s.score for s in a}.keys() & {(s.start, s.end, s.label) for s in b}
+        assert len(common) >= 0.8 * max(len(a), len(b), 1)
+        scores_b = {(s.start, s.end, s.label): s.score for s in b}
+        assert all(abs(s.score - scores_b[(s.start, s.end, s.label)]) < 1e-3
+                   for s in a if (s.start, s.end, s.label) in common)
+    with pytest.raises(gliner_pii.ModelNotFound):
+        gliner_pii.GlinerModel(detector_models.gliner_dir, runtime="onnx")  # imported without --onnx
+
+
+def test_gliner_save_naming_its_backbone_needs_backbone_dir(detector_models: TinyModels,  # noqa: F811
+                                                            tmp_path: pathlib.Path) -> None:
+    """Like the published gliner_small-v2.1: no encoder config or tokenizer inside, only a backbone name."""
+    from context_engine.inference.detector.importer import ImportFailed, import_gliner
+    from tests.fixtures.detector_models import _deberta_config, _save_tokenizer
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(detector_models.gliner_dir / "pytorch_model.bin", bare / "pytorch_model.bin")
+    config = json.loads((detector_models.gliner_dir / "gliner_config.json").read_text())
+    config.pop("encoder_config")
+    config["model_name"] = "example-org/not-on-this-machine"
+    (bare / "gliner_config.json").write_text(json.dumps(config))
+    with pytest.raises(ImportFailed, match="--backbone"):
+        import_gliner(bare, tmp_path / "models")
+    assert not (tmp_path / "models" / "gliner-small-v2.1").exists()
+
+    backbone = tmp_path / "backbone"  # config + tokenizer only: the weights are in the GLiNER file
+    _deberta_config(_save_tokenizer(backbone)).save_pretrained(backbone)
+    installed = import_gliner(bare, tmp_path / "models", backbone=backbone)
+    shutil.rmtree(backbone)
+    manifest = gliner_pii.check_gliner_dir(installed)
+    assert manifest.version.startswith("urchade/gliner_small-v2.1@sha256-")
+    assert gliner_pii.GlinerModel(installed).predict(["Jo lives here"], ["person"], 0.5) is not None
+
+
 def test_base_install_serves_classify_without_torch(detector_models: TinyModels) -> None:  # noqa: F811
     """With torch / transformers / gliner unimportable every module imports, Classify serves from
     onnxruntime + tokenizers alone, and the PII model reports the missing extra."""
