@@ -302,3 +302,48 @@ async def test_long_fragment_is_chunked_without_duplicates(stubbed: Running) -> 
     raw = text.encode()
     assert [raw[s.start:s.end].decode() for s in reply.spans] == ["Needle Person", "Needle Person"]
     assert reply.spans[0].start < reply.spans[1].start
+
+
+# --- process wiring ------------------------------------------------------------------------------
+
+
+async def test_service_token_is_required_when_configured(tmp_path: pathlib.Path) -> None:
+    settings = Settings(detector_service_token="s3cret")
+    hosted, servicer = build_detector_server(settings, DetectorSettings(models_dir=tmp_path), address="127.0.0.1:0")
+    await start_detector(hosted, servicer)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{hosted.port}") as channel:
+            stub = detector_pb2_grpc.MLDetectorServiceStub(channel)
+            _, info = await _fails(stub.Classify(_classify("hi")), grpc.StatusCode.UNAUTHENTICATED)
+            assert info.reason == "SERVICE_TOKEN_REJECTED"
+            await _fails(stub.Classify(_classify("hi"), metadata=(("authorization", "Bearer s3cret"),)),
+                         grpc.StatusCode.UNAVAILABLE)  # past the token: no weights here
+            health = health_pb2_grpc.HealthStub(channel)  # probes need no token
+            assert (await health.Check(health_pb2.HealthCheckRequest(service=""))).status == \
+                health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await hosted.stop(0)
+        servicer.close()
+
+
+async def test_run_detector_serves_until_sigterm(tmp_path: pathlib.Path) -> None:
+    import asyncio
+    import os
+    import signal
+
+    from context_engine.inference.detector.server import run_detector
+
+    seen: dict[str, int] = {}
+
+    async def ready(hosted) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{hosted.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for name in ("", SERVICE, PG, GL):
+                seen[name] = (await health.Check(health_pb2.HealthCheckRequest(service=name))).status
+        # the handler is installed as soon as ready returns; the signal comes a moment later
+        asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGTERM)
+
+    await asyncio.wait_for(run_detector(Settings(detector_port=0, shutdown_grace_seconds=0.5),
+                                        DetectorSettings(models_dir=tmp_path), ready=ready), timeout=30)
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    assert seen == {"": serving, SERVICE: serving, PG: not_serving, GL: not_serving}
