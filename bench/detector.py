@@ -217,7 +217,8 @@ def print_report(report: dict[str, Any]) -> None:
         c = r["client_ms"]
         print(f"\n{rpc}: {r['requests']} requests, concurrency {r['concurrency']}, codes {r['codes']}, "
               f"model {r['model_versions'] or '-'}")
-        print(f"  client latency ms  p50 {c['p50']:.2f}  p95 {c['p95']:.2f}  p99 {c['p99']:.2f}  mean {c['mean']:.2f}")
+        print(f"  client latency ms  p50 {c['p50']:.2f}  p95 {c['p95']:.2f}  p99 {c['p99']:.2f}  "
+              f"mean {c['mean']:.2f}")
         if r["server_ms"]:
             print(f"  server latency_ms  p50 {r['server_ms']['p50']}  p95 {r['server_ms']['p95']}")
         print(f"  throughput {r['throughput_rps']:.1f} req/s over {r['wall_s']:.2f} s")
@@ -238,9 +239,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=30.0, help="per-call deadline, seconds [30]")
     parser.add_argument("--json", type=pathlib.Path, help="also write the report here")
     args = parser.parse_args()
-    import structlog
-
     import logging
+
+    import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
     report = asyncio.run(bench(args))

@@ -13,7 +13,8 @@ import typer
 
 models_app = typer.Typer(no_args_is_help=True, add_completion=False,
                          help="Detector model weights: import from local directories, show what is installed.")
-import_app = typer.Typer(no_args_is_help=True, help="Import model weights from a local directory (nothing is downloaded).")
+import_app = typer.Typer(no_args_is_help=True,
+                         help="Import model weights from a local directory (nothing is downloaded).")
 models_app.add_typer(import_app, name="import")
 
 ModelsDir = Annotated[Optional[pathlib.Path], typer.Option(
@@ -57,8 +58,8 @@ def import_prompt_guard(
     from context_engine.inference.detector.importer import import_prompt_guard as run
 
     try:
-        dest = run(source, _models_dir(models_dir), revision=revision, source_name=name, max_length=max_length, force=force,
-                   progress=_progress)
+        dest = run(source, _models_dir(models_dir), revision=revision, source_name=name, max_length=max_length,
+                   force=force, progress=_progress)
     except ImportFailed as exc:
         raise _fail(exc) from None
     typer.echo(str(dest))

@@ -367,7 +367,8 @@ def import_gliner(source: pathlib.Path, models_dir: pathlib.Path, *, revision: s
             loaded = gliner_pii.GlinerModel(staging)
         except (gliner_pii.ModelNotFound, gliner_pii.ModelInvalid) as exc:
             raise ImportFailed(f"the imported copy does not load: {exc}") from exc
-        detector = gliner_pii.PiiDetector(loaded, canary=gliner_pii.Canary(DEFAULT_CANARY_TEXT, DEFAULT_CANARY_EXPECT))
+        canary = gliner_pii.Canary(DEFAULT_CANARY_TEXT, DEFAULT_CANARY_EXPECT)
+        detector = gliner_pii.PiiDetector(loaded, canary=canary)
         missing = detector.detect("").canary_missing
         if missing:
             _say(progress, f"warning: the model does not find {missing} in the default canary sentence; "

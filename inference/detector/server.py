@@ -31,8 +31,10 @@ def build_detector_server(settings: Settings, detector_settings: DetectorSetting
     interceptors = [ErrorsAndAccessLog()]
     if settings.detector_service_token is not None:
         interceptors.append(ServiceToken(settings.detector_service_token.get_secret_value()))
-    binding = ServiceBinding(SERVICE_NAME,
-                             lambda server: detector_pb2_grpc.add_MLDetectorServiceServicer_to_server(servicer, server))
+    def register(server) -> None:
+        detector_pb2_grpc.add_MLDetectorServiceServicer_to_server(servicer, server)
+
+    binding = ServiceBinding(SERVICE_NAME, register)
     hosted = build_server(address or settings.detector_address, [binding], interceptors=interceptors,
                           max_message_bytes=settings.grpc_max_message_bytes)
     return hosted, servicer

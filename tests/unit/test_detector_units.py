@@ -164,7 +164,8 @@ async def test_tenant_thresholds_apply_when_the_request_has_none(detector_models
         assert (await servicer.Classify(req("strict"), None)).verdict == "block"
         assert (await servicer.Classify(req("lax"), None)).verdict == "allow"
         # request fields win over the tenant's configuration
-        assert (await servicer.Classify(req("strict", warn_threshold=1.0, block_threshold=1.0), None)).verdict == "allow"
+        own = req("strict", warn_threshold=1.0, block_threshold=1.0)
+        assert (await servicer.Classify(own, None)).verdict == "allow"
     finally:
         servicer.close()
 
@@ -204,7 +205,8 @@ async def test_moderate_raises_unimplemented(tmp_path: pathlib.Path) -> None:
     servicer.close()
 
 
-def test_label_order_is_read_from_the_manifest(detector_models: TinyModels, tmp_path: pathlib.Path) -> None:  # noqa: F811
+def test_label_order_is_read_from_the_manifest(
+        detector_models: TinyModels, tmp_path: pathlib.Path) -> None:  # noqa: F811
     original = prompt_guard.PromptGuard(detector_models.models_dir / "prompt-guard-86m")
     permuted = tmp_path / "pg"
     shutil.copytree(detector_models.models_dir / "prompt-guard-86m", permuted)
@@ -221,7 +223,8 @@ def test_label_order_is_read_from_the_manifest(detector_models: TinyModels, tmp_
 # --- importer and CLI ----------------------------------------------------------------------------
 
 
-def test_cli_imports_an_onnx_export_and_reports_status(detector_models: TinyModels, tmp_path: pathlib.Path) -> None:  # noqa: F811
+def test_cli_imports_an_onnx_export_and_reports_status(
+        detector_models: TinyModels, tmp_path: pathlib.Path) -> None:  # noqa: F811
     from typer.testing import CliRunner
 
     from context_engine.inference.detector.cli import models_app
@@ -255,7 +258,8 @@ def test_cli_imports_an_onnx_export_and_reports_status(detector_models: TinyMode
     assert not rows[1]["installed"] and rows[1]["directory"].endswith("gliner-small-v2.1")
 
 
-def test_gliner_onnx_export_serves_like_torch(detector_models: TinyModels, tmp_path: pathlib.Path) -> None:  # noqa: F811
+def test_gliner_onnx_export_serves_like_torch(
+        detector_models: TinyModels, tmp_path: pathlib.Path) -> None:  # noqa: F811
     from context_engine.inference.detector.importer import import_gliner
 
     # the installed copy is itself a self-contained GLiNER directory, so it can be re-imported
