@@ -29,6 +29,7 @@ import asyncpg
 
 MIGRATIONS_DIR = Path(__file__).parent / "sql"
 API_GROUP_ROLE = "context_engine_api"
+APP_ROLE = "context_engine_app"
 EXTENSIONS = ("vector", "pg_trgm")
 # pg_advisory_lock key: "ctxengmg" as a big-endian int64.
 ADVISORY_LOCK_KEY = int.from_bytes(b"ctxengmg", "big", signed=True)
@@ -78,7 +79,7 @@ def app_url(admin_url: str, role: str, password: str | None = None) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-async def migrate(admin_url: str, *, app_role: str = "context_engine_app",
+async def migrate(admin_url: str, *, app_role: str = APP_ROLE,
                   app_password: str | None = None, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Bring the database of `admin_url` to the current schema; return the versions applied now."""
     if not _ROLE.match(app_role):

@@ -28,8 +28,12 @@ Payloads (built by the command handlers; every hash is lowercase hex SHA-256):
     session_id: str, event_type: str ("message" | "tool_output" | "workflow_event"),
     content_b64: str (standard base64 of the raw content), metadata: dict[str, str],
     content_sha256: str (SHA-256 of the raw content = IngestEventResponse.version_hash),
-    token_count: int
-  -> session_events row, and a chain item (kind 'event').
+    token_count: int, idempotency_key: str (optional; "" = none)
+  -> session_events row, and a chain item (kind 'event'). If an earlier event of the same
+     session carries the same non-empty idempotency_key, nothing (outcome IDEMPOTENCY_KEY_TAKEN;
+     the handler answers with `queries.event_by_idempotency_key`). Per session, because every
+     decision of the projector may depend only on the session's own (single-partition) history:
+     across partitions there is no log order, and replay would decide differently.
 - `memory.pushed` (schema 1):
     session_id: str ("" = memory outside any session: no chain item), agent_id: str (whose
     memory; "" defaults to scope.agent_id), memory_type: str ("episodic" | "semantic" |
@@ -49,6 +53,11 @@ Payloads (built by the command handlers; every hash is lowercase hex SHA-256):
      version and seq become the target's. For a target on the current chain this is "every
      item after the target becomes inactive"; for a target that was itself rolled back earlier,
      its items become active again. Unknown target: nothing changes (outcome UNKNOWN_TARGET).
+
+Session ownership: a session belongs to the scope of the event that created it (its first
+ingested event or pushed memory; sessions.scope_path). An event of any of the four types whose scope is not that owner scope or below it changes nothing (outcome
+OUT_OF_SCOPE): the handlers check this before appending, and this is the guard for two scopes
+racing to create the same session (the handler then finds no row for its event_id).
 
 Other event types that `context_engine.events` knows are archived and reported IGNORED (their
 own projectors handle them); a type it does not know fails decoding, hence the batch.
@@ -84,6 +93,7 @@ from context_engine.events import (
     decode,
 )
 from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
+from context_engine.scope import Scope
 
 from .records import LogRecord
 
@@ -96,6 +106,8 @@ DUPLICATE = "DUPLICATE"
 SNAPSHOT_NAME_TAKEN = "SNAPSHOT_NAME_TAKEN"
 UNKNOWN_TARGET = "UNKNOWN_TARGET"
 IGNORED = "IGNORED"
+OUT_OF_SCOPE = "OUT_OF_SCOPE"
+IDEMPOTENCY_KEY_TAKEN = "IDEMPOTENCY_KEY_TAKEN"
 
 
 class ProjectionError(RuntimeError):
@@ -151,6 +163,9 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
                 else:
                     results[i] = _applied(records[i], events[i], DUPLICATE)
             await applier.load_sessions({sid for i in todo if (sid := _session_id(events[i]))})
+            await applier.load_idempotency_keys(
+                {(sid, k) for i in todo if events[i].type == EVENT_INGESTED
+                 and (sid := _session_id(events[i])) and (k := _idempotency_key(events[i]))})
             for i in todo:
                 try:
                     results[i] = await applier.apply(records[i], events[i])
@@ -200,6 +215,11 @@ def _decode(rec: LogRecord) -> Event:
 def _session_id(ev: Event) -> str | None:
     sid = ev.payload.get("session_id")
     return sid if isinstance(sid, str) and sid else None
+
+
+def _idempotency_key(ev: Event) -> str | None:
+    key = ev.payload.get("idempotency_key")
+    return key if isinstance(key, str) and key else None
 
 
 def _applied(rec: LogRecord, ev: Event, outcome: str, session_id: str | None = None,
@@ -264,6 +284,11 @@ class _Session:
     last_event_id: str
     dirty: bool = False
 
+    def admits(self, scope: Scope) -> bool:
+        """Whether an event written at `scope` may change this session: owner scope or below."""
+        owner = Scope(scope.org_id, self.pillar_id, self.team_id, self.scope_agent_id)
+        return scope.is_within(owner)
+
 
 @dataclass(slots=True)
 class _Pending:
@@ -308,15 +333,15 @@ SET seq = EXCLUDED.seq, depth = EXCLUDED.depth, introduced_by = EXCLUDED.introdu
 _INSERT_EVENTS = """
 INSERT INTO session_events (event_id, org_id, session_id, seq, scope_path, pillar_id, team_id,
                             scope_agent_id, event_type, content, metadata, content_sha256,
-                            token_count, version, occurred_at)
+                            token_count, version, occurred_at, idempotency_key)
 SELECT u.event_id, $1, u.session_id, u.seq, u.scope_path, u.pillar_id, u.team_id,
        u.scope_agent_id, u.event_type, u.content, u.metadata::jsonb, u.content_sha256,
-       u.token_count, u.version, u.occurred_at
+       u.token_count, u.version, u.occurred_at, u.idempotency_key
 FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
             $9::text[], $10::bytea[], $11::text[], $12::text[], $13::int[], $14::text[],
-            $15::timestamptz[])
+            $15::timestamptz[], $16::text[])
      AS u(event_id, session_id, seq, scope_path, pillar_id, team_id, scope_agent_id, event_type,
-          content, metadata, content_sha256, token_count, version, occurred_at)
+          content, metadata, content_sha256, token_count, version, occurred_at, idempotency_key)
 """
 _INSERT_MEMORIES = """
 INSERT INTO memory_versions (event_id, org_id, scope_path, pillar_id, team_id, scope_agent_id,
@@ -362,6 +387,9 @@ RETURNING s.event_id, s.kind, s.active
 """
 
 
+_SESSION_TYPES = frozenset({EVENT_INGESTED, MEMORY_PUSHED, SNAPSHOT_CREATED, SESSION_ROLLED_BACK})
+
+
 class _OrgApplier:
     """Applies one org's fresh events in log order. Chain state lives in memory and rows are
     written in bulk; rollbacks and snapshots, which read rows back, flush first."""
@@ -370,6 +398,7 @@ class _OrgApplier:
         self.conn = conn
         self.org_id = org_id
         self.sessions: dict[str, _Session] = {}
+        self.used_keys: set[tuple[str, str]] = set()  # (session_id, idempotency_key)
         self.pending = _Pending()
 
     async def load_sessions(self, session_ids: set[str]) -> None:
@@ -384,18 +413,37 @@ class _OrgApplier:
                 r["genesis"], r["version"], r["seq"], r["max_seq"], r["item_count"],
                 r["active_count"], r["created_at"], r["updated_at"], str(r["last_event_id"]))
 
+    async def load_idempotency_keys(self, keys: set[tuple[str, str]]) -> None:
+        if keys:
+            sessions, values = _columns(sorted(keys), 2)
+            rows = await self.conn.fetch(
+                "SELECT e.session_id, e.idempotency_key FROM session_events e "
+                "JOIN unnest($2::text[], $3::text[]) AS u(session_id, k) "
+                "  ON e.session_id = u.session_id AND e.idempotency_key = u.k "
+                "WHERE e.org_id = $1",
+                self.org_id, sessions, values)
+            self.used_keys.update((r["session_id"], r["idempotency_key"]) for r in rows)
+
     async def apply(self, rec: LogRecord, ev: Event) -> Applied:
         p = ev.payload
+        sid = _session_id(ev)
+        if ev.type in _SESSION_TYPES and sid in self.sessions and not self.sessions[sid].admits(ev.scope):
+            return _applied(rec, ev, OUT_OF_SCOPE)
         if ev.type == EVENT_INGESTED:
-            s = self._session(p["session_id"], ev)
+            key = _idempotency_key(ev)
+            if key and (sid, key) in self.used_keys:
+                return _applied(rec, ev, IDEMPOTENCY_KEY_TAKEN)
             content = _content(p)
+            s = self._session(p["session_id"], ev)
             seq, version = self._append(s, ev, "event")
+            if key:
+                self.used_keys.add((s.session_id, key))
             sc = ev.scope
             self.pending.events.append((
                 ev.event_id, s.session_id, seq, sc.path, sc.pillar_id, sc.team_id, sc.agent_id,
                 str(p["event_type"]), content, _json_text(p.get("metadata") or {}),
                 p.get("content_sha256") or sha256_hex(content), int(p.get("token_count") or 0),
-                version, ev.occurred))
+                version, ev.occurred, key))
             return _applied(rec, ev, APPLIED, s.session_id, seq, version)
         if ev.type == MEMORY_PUSHED:
             content = _content(p)
@@ -435,7 +483,7 @@ class _OrgApplier:
             await self.conn.execute(_INSERT_VERSIONS, self.org_id,
                                     *_columns(pending.versions.values(), 6))
         if pending.events:
-            await self.conn.execute(_INSERT_EVENTS, self.org_id, *_columns(pending.events, 14))
+            await self.conn.execute(_INSERT_EVENTS, self.org_id, *_columns(pending.events, 15))
         if pending.memories:
             await self.conn.execute(_INSERT_MEMORIES, self.org_id, *_columns(pending.memories, 14))
 
