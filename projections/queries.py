@@ -31,8 +31,21 @@ def _uuid(value: str) -> uuid.UUID | None:
         return None
 
 
+class _Row:
+    """Rows read like objects (`row.version`) and, for handler code written against records,
+    like mappings (`row["version"]`)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+
 @dataclass(frozen=True, slots=True)
-class Session:
+class Session(_Row):
     org_id: str
     session_id: str
     scope_path: str
@@ -48,7 +61,7 @@ class Session:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionItem:
+class SessionItem(_Row):
     seq: int
     event_id: str
     kind: str
@@ -61,7 +74,7 @@ class SessionItem:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionEvent:
+class SessionEvent(_Row):
     event_id: str
     org_id: str
     session_id: str
@@ -75,10 +88,11 @@ class SessionEvent:
     version: str
     occurred_at: dt.datetime
     active: bool
+    idempotency_key: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryVersion:
+class MemoryVersion(_Row):
     event_id: str
     org_id: str
     scope_path: str
@@ -95,7 +109,7 @@ class MemoryVersion:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class Snapshot(_Row):
     snapshot_id: str
     org_id: str
     session_id: str
@@ -109,7 +123,7 @@ class Snapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class ArchivedEvent:
+class ArchivedEvent(_Row):
     event_id: str
     org_id: str
     topic: str
@@ -175,16 +189,43 @@ async def session_items(conn: asyncpg.Connection, org_id: str, session_id: str, 
             for r in rows]
 
 
-async def session_event(conn: asyncpg.Connection, org_id: str, event_id: str) -> SessionEvent | None:
+def _session_event(r: asyncpg.Record) -> SessionEvent:
+    return SessionEvent(str(r["event_id"]), r["org_id"], r["session_id"], r["seq"], r["scope_path"],
+                        r["event_type"], bytes(r["content"]), _json(r["metadata"]), r["content_sha256"],
+                        r["token_count"], r["version"], r["occurred_at"], r["active"], r["idempotency_key"])
+
+
+async def event_by_id(conn: asyncpg.Connection, org_id: str, event_id: str) -> SessionEvent | None:
+    """The projected IngestEvent row. None when the event is unknown, or archived but not
+    projected (OUT_OF_SCOPE or IDEMPOTENCY_KEY_TAKEN): after its append is acknowledged, a
+    handler reads None as "my event lost a race"."""
     if (eid := _uuid(event_id)) is None:
         return None
     r = await conn.fetchrow("SELECT * FROM session_events WHERE org_id = $1 AND event_id = $2",
                             org_id, eid)
-    if r is None:
+    return _session_event(r) if r else None
+
+
+async def event_by_idempotency_key(conn: asyncpg.Connection, org_id: str, key: str,
+                                   session_id: str | None = None) -> SessionEvent | None:
+    """The event that won an idempotency key (rolled back or not). Keys are unique per session
+    (see session_projector); pass the request's session_id. Without it, the earliest event of
+    the org with that key, whichever session it is in."""
+    if not key:
         return None
-    return SessionEvent(str(r["event_id"]), r["org_id"], r["session_id"], r["seq"], r["scope_path"],
-                        r["event_type"], bytes(r["content"]), _json(r["metadata"]), r["content_sha256"],
-                        r["token_count"], r["version"], r["occurred_at"], r["active"])
+    r = await conn.fetchrow(
+        "SELECT * FROM session_events WHERE org_id = $1 AND idempotency_key = $2 "
+        "AND ($3::text IS NULL OR session_id = $3) ORDER BY occurred_at, event_id LIMIT 1",
+        org_id, key, session_id)
+    return _session_event(r) if r else None
+
+
+async def memory_by_event_id(conn: asyncpg.Connection, org_id: str, event_id: str) -> MemoryVersion | None:
+    """The projected PushContext row; None when unknown or not projected (OUT_OF_SCOPE)."""
+    if (eid := _uuid(event_id)) is None:
+        return None
+    r = await conn.fetchrow("SELECT * FROM memory_versions WHERE org_id = $1 AND event_id = $2", org_id, eid)
+    return _memory(r) if r else None
 
 
 async def latest_memory(conn: asyncpg.Connection, org_id: str, agent_id: str, session_id: str | None,
@@ -239,8 +280,8 @@ async def snapshot_by_id(conn: asyncpg.Connection, org_id: str, snapshot_id: str
     return _snapshot(r) if r else None
 
 
-async def event_by_id(conn: asyncpg.Connection, org_id: str, event_id: str) -> ArchivedEvent | None:
-    """The archived event (verbatim bytes and log position)."""
+async def archived_event(conn: asyncpg.Connection, org_id: str, event_id: str) -> ArchivedEvent | None:
+    """The archived event (verbatim bytes and log position), projected or not."""
     if (eid := _uuid(event_id)) is None:
         return None
     r = await conn.fetchrow("SELECT * FROM event_archive WHERE org_id = $1 AND event_id = $2", org_id, eid)
