@@ -31,7 +31,9 @@ from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import (
     APPLIED,
     DUPLICATE,
+    IDEMPOTENCY_KEY_TAKEN,
     IGNORED,
+    OUT_OF_SCOPE,
     SNAPSHOT_NAME_TAKEN,
     UNKNOWN_TARGET,
     ProjectionError,
@@ -59,6 +61,11 @@ def ingest(org: str, session: str, text: str, **meta: str) -> Event:
         "session_id": session, "event_type": "message",
         "content_b64": base64.b64encode(content).decode(), "metadata": dict(meta),
         "content_sha256": sha256_hex(content), "token_count": len(text.split())})
+
+
+def keyed(org: str, session: str, text: str, key: str, *, at: Scope | None = None) -> Event:
+    ev = ingest(org, session, text)
+    return Event(ev.type, at or ev.scope, ev.aggregate, ev.actor, {**ev.payload, "idempotency_key": key})
 
 
 def push(org: str, session: str, text: str, *, agent: str = "bot-1", memory_type: str = "semantic") -> Event:
@@ -202,11 +209,13 @@ async def test_versions_follow_the_hash_chain_in_log_order(conn: asyncpg.Connect
 
     # Read models carry what the handlers need to answer.
     first = events[0]
-    row = await in_org(conn, org, queries.session_event, first.event_id)
+    row = await in_org(conn, org, queries.event_by_id, first.event_id)
+    assert row["content_sha256"] == row.content_sha256  # handlers may read rows as mappings
     assert (row.content, row.metadata, row.token_count, row.event_type) == (b"event 0 text", {"n": "0"}, 3, "message")
     assert row.content_sha256 == sha256_hex(b"event 0 text") and row.scope_path == scope(org).path
-    archived = await in_org(conn, org, queries.event_by_id, first.event_id)
+    archived = await in_org(conn, org, queries.archived_event, first.event_id)
     assert archived.raw == first.to_bytes() and archived.decode() == first
+    assert (await in_org(conn, org, queries.memory_by_event_id, events[4].event_id)).content == b"memory 4"
     assert (archived.topic, archived.partition, archived.offset) == (records[0].topic, records[0].partition, records[0].offset)
     assert await in_org(conn, org, queries.applied_event_ids, [e.event_id for e in events[:3]] + [str(uuid.uuid4())]) \
         == {e.event_id for e in events[:3]}
@@ -292,9 +301,9 @@ async def test_an_older_schema_version_is_upcast_and_archived_verbatim(conn: asy
     raw = orjson.dumps(v1, option=orjson.OPT_SORT_KEYS)
     [applied] = await apply_batch(conn, log.append(raw))
     assert applied.version == next_version(genesis_version(key(org, "s")), v1["content_hash"])
-    row = await in_org(conn, org, queries.session_event, v1["event_id"])
+    row = await in_org(conn, org, queries.event_by_id, v1["event_id"])
     assert (row.event_type, row.metadata, row.content) == ("tool_output", {}, content)
-    assert (await in_org(conn, org, queries.event_by_id, v1["event_id"])).raw == raw
+    assert (await in_org(conn, org, queries.archived_event, v1["event_id"])).raw == raw
 
 
 async def test_rollback_deactivates_later_items_and_chains_from_the_target(conn: asyncpg.Connection) -> None:
@@ -312,7 +321,7 @@ async def test_rollback_deactivates_later_items_and_chains_from_the_target(conn:
     assert [(i.seq, i.active, i.rolled_back_by) for i in items] == [
         (1, True, None), (2, True, None), (3, False, back.event_id), (4, False, back.event_id), (5, False, back.event_id)]
     assert [i.seq for i in await in_org(conn, org, queries.session_items, "s", active_only=True)] == [1, 2]
-    assert not (await in_org(conn, org, queries.session_event, events[2].event_id)).active
+    assert not (await in_org(conn, org, queries.event_by_id, events[2].event_id)).active
     assert await in_org(conn, org, queries.latest_memory, "bot-1", "s", visible) is None
     session = await in_org(conn, org, queries.get_session, "s")
     assert (session.version, session.seq, session.active_count, session.item_count, session.max_seq) == (v[2], 2, 2, 5, 5)
@@ -420,6 +429,55 @@ async def test_a_worker_role_subject_to_rls_projects_the_same(conn: asyncpg.Conn
         assert (await in_org(conn, o, queries.get_session, "s")).version == chain(key(o, "s"), mine)[-1]
 
 
+async def test_an_idempotency_key_is_projected_once_per_session(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    first, retry, later = keyed(org, "s", "x", "k-1"), keyed(org, "s", "x", "k-1"), keyed(org, "s", "x", "k-1")
+    fresh = keyed(org, "s", "z", "k-2")
+    results = await apply_batch(conn, log.append(first, retry))
+    results += await apply_batch(conn, log.append(later, fresh))
+    assert [r.outcome for r in results] == [APPLIED, IDEMPOTENCY_KEY_TAKEN, IDEMPOTENCY_KEY_TAKEN, APPLIED]
+    won = await in_org(conn, org, queries.event_by_idempotency_key, "k-1", "s")
+    assert won.event_id == first.event_id and won["token_count"] == 1
+    # Per session: another session's history cannot decide (it may sit in another partition).
+    [other] = await apply_batch(conn, log.append(keyed(org, "s2", "y", "k-1")))
+    assert other.outcome == APPLIED
+    assert (await in_org(conn, org, queries.event_by_idempotency_key, "k-1", "s2")).event_id == other.event_id
+    assert (await in_org(conn, org, queries.event_by_idempotency_key, "k-1")).event_id == first.event_id
+    assert await in_org(conn, org, queries.event_by_id, retry.event_id) is None  # archived, not projected
+    assert await in_org(conn, org, queries.archived_event, retry.event_id) is not None
+    assert (await in_org(conn, org, queries.get_session, "s")).version == chain(
+        key(org, "s"), [first.content_hash, fresh.content_hash])[-1]
+    # Another org has its own keys.
+    org_b = new_org()
+    [b] = await apply_batch(conn, log.append(keyed(org_b, "s", "x", "k-1")))
+    assert b.outcome == APPLIED
+
+
+async def test_only_the_owner_scope_and_below_change_a_session(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    team = Scope(org, "pillar", "team")
+    owner_first = keyed(org, "s", "created by the team", "", at=team)
+    below = ingest(org, "s", "from an agent of that team")  # scope(org) = pillar/team/bot-1
+    sibling = keyed(org, "s", "from another team", "", at=Scope(org, "pillar", "other-team"))
+    above = keyed(org, "s", "from the pillar", "", at=Scope(org, "pillar"))
+    sibling_push = Event(MEMORY_PUSHED, Scope(org, "pillar", "other-team", "bot-2"), session_aggregate(org, "s"),
+                         "u", {**push(org, "s", "m").payload, "agent_id": "bot-2"})
+    sibling_snap = Event(SNAPSHOT_CREATED, Scope(org, "pillar", "other-team"), session_aggregate(org, "s"), "u",
+                         {"session_id": "s", "snapshot_id": str(uuid.uuid4()), "name": "n"})
+    genesis = genesis_version(key(org, "s"))
+    sibling_back = Event(SESSION_ROLLED_BACK, Scope(org, "pillar", "other-team"), session_aggregate(org, "s"),
+                         "u", {"session_id": "s", "target_version": genesis})
+    results = await apply_batch(conn, log.append(owner_first, below, sibling, above, sibling_push,
+                                                 sibling_snap, sibling_back))
+    assert [r.outcome for r in results] == [APPLIED, APPLIED] + [OUT_OF_SCOPE] * 5
+    session = await in_org(conn, org, queries.get_session, "s")
+    assert session.scope_path == team.path and session.item_count == 2
+    assert session.version == chain(key(org, "s"), [owner_first.content_hash, below.content_hash])[-1]
+    assert await in_org(conn, org, queries.memory_by_event_id, sibling_push.event_id) is None
+    assert await in_org(conn, org, queries.snapshot_by_name, "s", "n") is None
+    assert (await counts(conn, org))["event_archive"] == 7  # every event is archived regardless
+
+
 # -- replay ---------------------------------------------------------------------------------
 
 
@@ -439,9 +497,12 @@ def _random_log(orgs: list[str], n: int, seed: int) -> Log:
             ev = snapshot(org, s, f"snap-{rng.randrange(4)}")
         elif roll < 0.30:
             ev = push(org, s, f"memory {i}", memory_type=rng.choice(["episodic", "semantic", "working"]))
+        elif roll < 0.33:  # a racing sibling scope, or a retried idempotency key: not projected
+            ev = keyed(org, s, f"keyed {i}", f"k{rng.randrange(8)}",
+                       at=Scope(org, "pillar", "other") if roll < 0.31 else None)
         else:
             ev = ingest(org, s, f"event {i} " + "word " * rng.randrange(5), i=str(i))
-        if roll >= 0.10:  # the version this append produces: a later rollback target
+        if roll >= 0.10 and ev.scope.team_id == "team":  # the version this append produces: a later rollback target
             versions.append(next_version(versions[-1] if versions else genesis_version(key(org, s)), ev.content_hash))
             seen[(org, s)] = versions
         log.append(ev)
