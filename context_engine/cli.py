@@ -20,6 +20,15 @@ serve_app = typer.Typer(no_args_is_help=True, help="Run one server process (what
 app.add_typer(token_app, name="token")
 app.add_typer(serve_app, name="serve")
 
+
+def _mount_models_app() -> None:
+    from context_engine.inference.detector.cli import models_app
+
+    app.add_typer(models_app, name="models", help="Import and inspect the ML detector's model weights.")
+
+
+_mount_models_app()
+
 DataDir = Annotated[Optional[pathlib.Path], typer.Option(
     "--data-dir", help="Data directory [env CONTEXT_ENGINE_HOME; default ./.context-engine]")]
 

@@ -27,11 +27,31 @@ class Settings(BaseSettings):
 
     # Existing infrastructure. When set, the embedded part is not started.
     database_url: str | None = None
+    # The API's own connection: a role without BYPASSRLS. Default: database_url with the
+    # credentials of the app role that migrations create.
+    api_database_url: str | None = None
     kafka_bootstrap: str | None = None
 
     # Ports of the embedded PostgreSQL and broker (0 = pick a free port at start).
     embedded_postgres_port: int = 0
     embedded_kafka_port: int = 0
+
+    # The log. One domain-event topic keyed by aggregate, one topic per job stream.
+    topic_prefix: str = "context-engine"
+    events_topic_partitions: int = 4
+    job_topic_partitions: int = 2
+    # Consumers' fetch wait: the bundled broker holds every fetch for the full wait even when
+    # data is there, so this bounds projection latency.
+    consumer_fetch_max_wait_ms: int = 5
+    # A command is acknowledged once its event is archived (and projected): how long to wait.
+    ack_timeout_seconds: float = 5.0
+    # Read-your-writes: how long a query waits for this process's appends to be projected.
+    freshness_timeout_seconds: float = 2.0
+    # Restore the broker from the PostgreSQL archive when it holds less (memory-only brokers).
+    restore_log_from_archive: bool = True
+
+    # Limits.
+    max_content_bytes: int = 1024 * 1024
 
     # JWT verification. HS256 uses a key file generated under `home` on first `up`;
     # RS256 / EdDSA verify with a configured public key (PEM).

@@ -12,7 +12,7 @@ Level = Literal["org", "pillar", "team", "agent"]
 LEVELS: tuple[Level, ...] = ("org", "pillar", "team", "agent")
 
 # Ids travel in keys, topic keys and log lines; keep them printable and bounded.
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ class Scope:
                 continue
             if seen_empty:
                 raise InvalidArgument(f"{field}.{name}", f"is set while {field}.{seen_empty} is empty")
-            if not _ID.match(value):
+            if not ID_PATTERN.match(value):
                 raise InvalidArgument(f"{field}.{name}", "must be 1-128 characters of [A-Za-z0-9._:@-]")
         return cls(org_id, pillar_id, team_id, agent_id)
 

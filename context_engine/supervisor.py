@@ -1,7 +1,7 @@
 """`context-engine up`: the whole stack in one process tree.
 
-Start order: PostgreSQL (embedded unless a database URL is given), the broker (embedded unless
-a bootstrap is given), schema migrations, then three children — stream workers, the API and the
+Start order: PostgreSQL (embedded unless a database URL is given) and its schema migrations,
+the broker (embedded unless a bootstrap is given) and its topics, then three children — stream workers, the API and the
 ML detector — each a `context-engine` subprocess that reads the same settings from the
 environment. `up` returns when it gets SIGINT/SIGTERM or when any child dies; either way it
 stops every child (SIGTERM, then SIGKILL after a grace period), then the broker, then
@@ -10,6 +10,7 @@ PostgreSQL. Children also get PR_SET_PDEATHSIG so they cannot outlive a killed `
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -25,6 +26,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from context_engine.auth import ensure_dev_key
 from context_engine.config import ENV_PREFIX, Settings
 from context_engine.embedded.process import child_preexec
+from context_engine.projections.migrate import migrate
+from context_engine.streams.topics import LogTopics, ensure_topics
 
 DATABASE_NAME = "context_engine"
 READY_TIMEOUT_S = 60.0
@@ -94,6 +97,8 @@ class Stack:
         else:
             self.say(f"PostgreSQL (external) at {_redact(database_url)}")
         env[f"{ENV_PREFIX}DATABASE_URL"] = database_url
+        applied = asyncio.run(migrate(database_url))
+        self.say(f"schema migrations: {', '.join(applied) if applied else 'up to date'}")
 
         bootstrap = self.settings.kafka_bootstrap
         if bootstrap is None:
@@ -106,6 +111,9 @@ class Stack:
         else:
             self.say(f"broker (external) at {bootstrap}")
         env[f"{ENV_PREFIX}KAFKA_BOOTSTRAP"] = bootstrap
+        # Before any client touches the broker: a Metadata request would auto-create a topic
+        # with the wrong partition count.
+        asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(self.settings).partitions))
 
         self.children = [
             Child("worker", ["worker"], self.logs / "worker.log"),
