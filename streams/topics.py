@@ -81,3 +81,37 @@ async def _await_partition_counts(admin: AIOKafkaAdminClient, wanted: Mapping[st
         if time.monotonic() > deadline:
             raise TopicSetupError(f"topics not visible after creation: {absent}")
         await asyncio.sleep(0.1)
+
+
+# Job streams of stream.proto: logical name prefix -> topic suffix. A logical stream such as
+# "compaction:org-123" lives on topic "<prefix>.compaction", keyed by org_id (no topic per tenant).
+JOB_STREAMS = {
+    "embedding": "embedding",
+    "compaction": "compaction",
+    "reindex": "reindex",
+    "metrics:baseline": "metrics-baseline",
+    "audit:access": "audit-access",
+}
+
+
+class LogTopics:
+    """The topic names and partition counts of one deployment."""
+
+    def __init__(self, prefix: str, events_partitions: int, job_partitions: int) -> None:
+        self.events = f"{prefix}.events"
+        self.jobs = {stream: f"{prefix}.{suffix}" for stream, suffix in JOB_STREAMS.items()}
+        self._partitions = {self.events: events_partitions,
+                            **{topic: job_partitions for topic in self.jobs.values()}}
+
+    @classmethod
+    def from_settings(cls, settings) -> "LogTopics":
+        return cls(settings.topic_prefix, settings.events_topic_partitions, settings.job_topic_partitions)
+
+    def job_topic(self, stream: str) -> str:
+        """Topic of a logical stream name, e.g. 'compaction:org-1' -> '<prefix>.compaction'."""
+        kind = stream if stream in self.jobs else stream.split(":", 1)[0]
+        return self.jobs[kind]
+
+    @property
+    def partitions(self) -> dict[str, int]:
+        return dict(self._partitions)
