@@ -1,6 +1,10 @@
-"""The ContextEngine API process: builds the server and serves until SIGTERM/SIGINT."""
+"""The ContextEngine API process, and its composition root: the pool, the producer and the
+archive watch live as long as the server, opened before it serves and closed after it stops."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
 
 import structlog
 from upsquad.context.v1 import context_pb2, context_pb2_grpc
@@ -9,15 +13,58 @@ from context_engine.api.context_servicer import ContextEngineServicer
 from context_engine.api.interceptors import Authentication, ErrorsAndAccessLog
 from context_engine.api.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
 from context_engine.auth import TokenVerifier
+from context_engine.commands.deps import Deps
 from context_engine.config import Settings
+from context_engine.projections.database import create_pool
+from context_engine.projections.migrate import APP_ROLE, app_url
+from context_engine.streams.freshness import SessionFreshness
+from context_engine.streams.log import ArchiveWatch, EventLog
+from context_engine.streams.restore import restore_if_behind
+from context_engine.streams.topics import LogTopics, ensure_topics
 
 log = structlog.get_logger("context_engine.api")
 
 SERVICE_NAME = context_pb2.DESCRIPTOR.services_by_name["ContextEngine"].full_name
 
 
-def build_api_server(settings: Settings, address: str | None = None) -> HostedServer:
-    servicer = ContextEngineServicer()
+def api_database_url(settings: Settings) -> str:
+    """The API connects as the app role (no BYPASSRLS), never as the admin of database_url."""
+    if settings.api_database_url:
+        return settings.api_database_url
+    return app_url(settings.database_url, APP_ROLE)
+
+
+@contextlib.asynccontextmanager
+async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
+    if not settings.database_url or not settings.kafka_bootstrap:
+        raise RuntimeError("the API needs CONTEXT_ENGINE_DATABASE_URL and CONTEXT_ENGINE_KAFKA_BOOTSTRAP "
+                           "(`context-engine up` sets both)")
+    topics = LogTopics.from_settings(settings)
+    # Producers are held until the topics exist and the log holds the whole archive: a produce
+    # that reaches a fresh broker before its topic exists is lost (shared/ENVIRONMENT.md).
+    await ensure_topics(settings.kafka_bootstrap, topics.partitions)
+    if settings.restore_log_from_archive:
+        admin = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
+        try:
+            await restore_if_behind(settings.kafka_bootstrap, topics.events, admin)
+        finally:
+            await admin.close()
+    url = api_database_url(settings)
+    pool = await create_pool(url, min_size=2, max_size=16)
+    event_log = EventLog(settings.kafka_bootstrap, topics)
+    watch = ArchiveWatch(url, pool)
+    try:
+        await event_log.start()
+        await watch.start()
+        yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool)
+    finally:
+        await watch.stop()
+        await event_log.stop()
+        await pool.close()
+
+
+def build_api_server(settings: Settings, deps: Deps, address: str | None = None) -> HostedServer:
+    servicer = ContextEngineServicer(deps)
     binding = ServiceBinding(
         SERVICE_NAME, lambda server: context_pb2_grpc.add_ContextEngineServicer_to_server(servicer, server))
     return build_server(
@@ -28,10 +75,11 @@ def build_api_server(settings: Settings, address: str | None = None) -> HostedSe
 
 
 async def run_api(settings: Settings) -> None:
-    server = build_api_server(settings)
-    await server.start()
-    log.info("serving", service=SERVICE_NAME, address=f"{settings.api_host}:{server.port}")
-    signal_name = await wait_for_termination_signal()
-    log.info("stopping", signal=signal_name, grace_s=settings.shutdown_grace_seconds)
-    await server.stop(settings.shutdown_grace_seconds)
+    async with open_deps(settings) as deps:
+        server = build_api_server(settings, deps)
+        await server.start()
+        log.info("serving", service=SERVICE_NAME, address=f"{settings.api_host}:{server.port}")
+        signal_name = await wait_for_termination_signal()
+        log.info("stopping", signal=signal_name, grace_s=settings.shutdown_grace_seconds)
+        await server.stop(settings.shutdown_grace_seconds)
     log.info("stopped")

@@ -1,0 +1,62 @@
+"""CreateSnapshot (clearance L2+): name → the session's current version and state, immutable."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+from context_engine import clearance
+from context_engine.auth import Principal
+from context_engine import validation
+from context_engine.commands.deps import Deps
+from context_engine.commands.session_access import require_readable
+from context_engine.errors import AlreadyExists
+from context_engine.events import SNAPSHOT_CREATED, Event, session_aggregate
+from context_engine.projections import queries
+from context_engine.projections.database import org_transaction
+
+
+@dataclass(frozen=True)
+class CreateSnapshot:
+    session_id: str
+    snapshot_name: str
+
+
+@dataclass(frozen=True)
+class SnapshotCreated:
+    snapshot_id: str
+    version_hash: str
+    created_at: dt.datetime
+
+
+def _taken(session_id: str, name: str) -> AlreadyExists:
+    return AlreadyExists(f"session {session_id!r} already has a snapshot named {name!r}",
+                         reason="SNAPSHOT_NAME_TAKEN", metadata={"field": "snapshot_name"})
+
+
+async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnapshot) -> SnapshotCreated:
+    clearance.require(principal.clearance, clearance.Action.CREATE_SNAPSHOT)
+    validation.session_id(command.session_id)
+    validation.name(command.snapshot_name, "snapshot_name")
+    org = principal.scope.org_id
+    session_key = f"{org}/{command.session_id}"
+
+    await deps.freshness.wait(session_key)
+    async with org_transaction(deps.pool, org) as conn:
+        require_readable(await queries.get_session(conn, org, command.session_id), principal.scope,
+                         command.session_id)
+        if await queries.snapshot_by_name(conn, org, command.session_id, command.snapshot_name):
+            raise _taken(command.session_id, command.snapshot_name)
+
+    snapshot_id = str(uuid.uuid4())
+    event = Event(type=SNAPSHOT_CREATED, scope=principal.scope, actor=principal.subject,
+                  aggregate=session_aggregate(org, command.session_id),
+                  payload={"session_id": command.session_id, "snapshot_id": snapshot_id,
+                           "name": command.snapshot_name})
+    await deps.append(event, session_key)
+    async with org_transaction(deps.pool, org) as conn:
+        snapshot = await queries.snapshot_by_name(conn, org, command.session_id, command.snapshot_name)
+    if snapshot is None or str(snapshot["snapshot_id"]) != snapshot_id:  # a concurrent create won
+        raise _taken(command.session_id, command.snapshot_name)
+    return SnapshotCreated(snapshot_id, snapshot["version"], snapshot["created_at"])

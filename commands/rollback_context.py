@@ -1,0 +1,52 @@
+"""RollbackContext (clearance L3+): the session's state and version become those of a version it
+has had. Later items stay in the log and the audit view; new items chain from the target."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from context_engine import clearance
+from context_engine.auth import Principal
+from context_engine import validation
+from context_engine.commands.deps import Deps
+from context_engine.commands.session_access import require_readable
+from context_engine.errors import NotFound
+from context_engine.events import SESSION_ROLLED_BACK, Event, session_aggregate
+from context_engine.projections import queries
+from context_engine.projections.database import org_transaction
+
+
+@dataclass(frozen=True)
+class RollbackContext:
+    session_id: str
+    target_version_hash: str
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    restored_version_hash: str
+    rolled_back_at: dt.datetime
+
+
+async def rollback_context(deps: Deps, principal: Principal, command: RollbackContext) -> RolledBack:
+    clearance.require(principal.clearance, clearance.Action.ROLLBACK)
+    validation.session_id(command.session_id)
+    validation.version_hash(command.target_version_hash, "target_version_hash")
+    org = principal.scope.org_id
+    session_key = f"{org}/{command.session_id}"
+
+    await deps.freshness.wait(session_key)
+    async with org_transaction(deps.pool, org) as conn:
+        require_readable(await queries.get_session(conn, org, command.session_id), principal.scope,
+                         command.session_id)
+        if await queries.session_has_version(conn, org, command.session_id,
+                                             command.target_version_hash) is None:
+            raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
+                           reason="VERSION_NOT_FOUND", metadata={"field": "target_version_hash"})
+
+    event = Event(type=SESSION_ROLLED_BACK, scope=principal.scope, actor=principal.subject,
+                  aggregate=session_aggregate(org, command.session_id),
+                  payload={"session_id": command.session_id, "target_version": command.target_version_hash})
+    await deps.append(event, session_key)
+    return RolledBack(command.target_version_hash, event.occurred)

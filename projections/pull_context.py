@@ -1,0 +1,56 @@
+"""PullContext: an agent's latest memory, or the memory a named snapshot holds. Always read from
+PostgreSQL (the primary), never from a cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from context_engine import validation
+from context_engine.auth import Principal
+from context_engine.errors import InvalidArgument, NotFound
+from context_engine.projections import queries
+from context_engine.projections.database import org_transaction
+from context_engine.scope import ID_PATTERN
+from context_engine.streams.freshness import SessionFreshness
+
+
+@dataclass(frozen=True)
+class PullContext:
+    agent_id: str
+    session_id: str = ""
+    snapshot_name: str = ""
+
+
+@dataclass(frozen=True)
+class Pulled:
+    version_hash: str
+    memory: queries.MemoryVersion
+
+
+async def pull_context(pool, freshness: SessionFreshness, principal: Principal, query: PullContext) -> Pulled:
+    if query.agent_id and not ID_PATTERN.match(query.agent_id):
+        raise InvalidArgument("agent_id", "must be 1-128 characters of [A-Za-z0-9._:@-]")
+    if query.session_id:
+        validation.session_id(query.session_id)
+    if query.snapshot_name and not query.session_id:
+        raise InvalidArgument("session_id", "is required with snapshot_name (snapshots belong to a session)")
+    org = principal.scope.org_id
+    agent_id = query.agent_id or principal.scope.agent_id
+    if query.session_id:
+        await freshness.wait(f"{org}/{query.session_id}")
+    visible = [s.path for s in principal.scope.ancestors()]
+    async with org_transaction(pool, org, readonly=True) as conn:
+        if query.snapshot_name:
+            snapshot = await queries.snapshot_by_name(conn, org, query.session_id, query.snapshot_name)
+            memory = snapshot and await queries.snapshot_memory(
+                conn, org, query.session_id, query.snapshot_name, agent_id, visible)
+            if memory is None:
+                raise NotFound(f"no snapshot {query.snapshot_name!r} holding memory of agent "
+                               f"{agent_id!r} in session {query.session_id!r}",
+                               reason="SNAPSHOT_NOT_FOUND", metadata={"field": "snapshot_name"})
+            return Pulled(snapshot.version, memory)
+        memory = await queries.latest_memory(conn, org, agent_id, query.session_id or None, visible)
+    if memory is None:
+        where = f" in session {query.session_id!r}" if query.session_id else ""
+        raise NotFound(f"no memory for agent {agent_id!r}{where}", reason="MEMORY_NOT_FOUND")
+    return Pulled(memory.content_sha256, memory)
