@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fixtures.infra"]
+pytest_plugins = ["tests.fixtures.infra", "tests.fixtures.engine"]

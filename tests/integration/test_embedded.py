@@ -67,7 +67,8 @@ async def test_session_database_has_vector_and_trgm(postgres_url: str) -> None:
         await conn.close()
 
 
-async def test_postgres_persists_across_restarts_and_leaves_no_process(tmp_path: Path) -> None:
+async def test_postgres_persists_across_restarts_and_leaves_no_process(service_tmp_path: Path) -> None:
+    tmp_path = service_tmp_path
     pg = EmbeddedPostgres(tmp_path / "data")
     started = time.monotonic()
     pg.start()
@@ -106,7 +107,8 @@ async def test_postgres_persists_across_restarts_and_leaves_no_process(tmp_path:
     assert (tmp_path / "postgres.log").stat().st_size > 0
 
 
-def test_postgres_start_failure_shows_log(tmp_path: Path) -> None:
+def test_postgres_start_failure_shows_log(service_tmp_path: Path) -> None:
+    tmp_path = service_tmp_path
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -173,13 +175,15 @@ async def test_broker_start_kill_restart(tmp_path: Path) -> None:
     assert wait_gone([second], 0) == []
 
 
-async def test_embedded_broker_fixture_survives_a_fault_test(
+async def test_fault_tests_get_a_broker_of_their_own(
         embedded_broker: EmbeddedBroker, kafka_bootstrap: str) -> None:
-    assert embedded_broker.bootstrap == kafka_bootstrap
+    assert embedded_broker.bootstrap != kafka_bootstrap
+    await ensure_topics(embedded_broker.bootstrap, {"before-kill": 2})
     embedded_broker.kill()
     embedded_broker.restart()
-    await ensure_topics(kafka_bootstrap, {"after-restart": 2})
-    assert (await topic_partitions(kafka_bootstrap))["after-restart"] == 2
+    assert "before-kill" not in await topic_partitions(embedded_broker.bootstrap)  # memory storage
+    await ensure_topics(embedded_broker.bootstrap, {"after-restart": 2})
+    assert (await topic_partitions(embedded_broker.bootstrap))["after-restart"] == 2
 
 
 # -- parent death ----------------------------------------------------------------------------
@@ -195,7 +199,8 @@ time.sleep(60)
 """
 
 
-def test_children_die_with_their_parent(tmp_path: Path) -> None:
+def test_children_die_with_their_parent(service_tmp_path: Path) -> None:
+    tmp_path = service_tmp_path
     parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(tmp_path / "data")],
                               stdout=subprocess.PIPE, text=True)
     try:

@@ -128,8 +128,8 @@ async def run_sql(url: str, sql: str):
         await conn.close()
 
 
-def test_up_serves_stops_cleanly_and_keeps_its_data(tmp_path):
-    home = tmp_path / "home"
+def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
+    home = service_tmp_path / "home"
 
     # First run: everything comes up, answers, and SIGTERM leaves no process behind.
     up = Up(home)
