@@ -3,7 +3,6 @@ context_engine.api.app)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import asyncpg
@@ -25,8 +24,12 @@ class Deps:
     async def append(self, event: Event, session_key: str) -> LogPosition:
         """Append and return once the event is archived and projected: the acknowledgement point."""
         async with self.freshness.appending(session_key):
-            since = time.monotonic()
-            position = await self.log.append(event)
-            await self.watch.wait(event.event_id, event.scope.org_id, position, since=since,
+            self.watch.expect(event.event_id)
+            try:
+                position = await self.log.append(event)
+            except BaseException:
+                self.watch.forget(event.event_id)
+                raise
+            await self.watch.wait(event.event_id, event.scope.org_id, position,
                                   timeout=self.settings.ack_timeout_seconds)
         return position

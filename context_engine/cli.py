@@ -30,7 +30,7 @@ def _mount_models_app() -> None:
 _mount_models_app()
 
 DataDir = Annotated[Optional[pathlib.Path], typer.Option(
-    "--data-dir", help="Data directory [env CONTEXT_ENGINE_HOME; default ./.context-engine]")]
+    "--data-dir", help="Data directory (env CONTEXT_ENGINE_HOME; default ./.context-engine)")]
 
 
 def _settings(**overrides: object) -> Settings:
@@ -40,6 +40,34 @@ def _settings(**overrides: object) -> Settings:
         if value is not None:
             os.environ[f"{ENV_PREFIX}{name.upper()}"] = str(value)
     return Settings()
+
+
+def _stack_settings(data_dir: pathlib.Path | None) -> Settings:
+    """Settings for commands run beside a running stack: the database and broker come from the
+    environment, else from the stack file `up` writes into the data directory."""
+    from context_engine.supervisor import read_stack_file
+
+    settings = _settings(home=data_dir)
+    running = read_stack_file(settings.home_dir)
+    settings = _settings(database_url=settings.database_url or running.get("database_url"),
+                         kafka_bootstrap=settings.kafka_bootstrap or running.get("kafka_bootstrap"))
+    if not settings.database_url or not settings.kafka_bootstrap:
+        raise typer.BadParameter(
+            f"no running stack in {settings.home_dir} and no CONTEXT_ENGINE_DATABASE_URL / "
+            "CONTEXT_ENGINE_KAFKA_BOOTSTRAP: start `context-engine up` or set both")
+    return settings
+
+
+def _progress(description: str):
+    from tqdm import tqdm
+
+    bar = tqdm(desc=description, unit="event", unit_scale=True)
+
+    def set_total(total: int) -> None:
+        bar.total = total
+        bar.refresh()
+
+    return bar, set_total
 
 
 def parse_duration(text: str) -> dt.timedelta:
@@ -53,8 +81,8 @@ def parse_duration(text: str) -> dt.timedelta:
 @app.command()
 def up(
     data_dir: DataDir = None,
-    api_port: Annotated[Optional[int], typer.Option(help="ContextEngine gRPC port [50051]")] = None,
-    detector_port: Annotated[Optional[int], typer.Option(help="ML detector gRPC port [50052]")] = None,
+    api_port: Annotated[Optional[int], typer.Option(help="ContextEngine gRPC port (default 50051)")] = None,
+    detector_port: Annotated[Optional[int], typer.Option(help="ML detector gRPC port (default 50052)")] = None,
     kafka_bootstrap: Annotated[Optional[str], typer.Option(
         help="Use this Kafka-compatible cluster instead of the embedded broker")] = None,
     database_url: Annotated[Optional[str], typer.Option(
@@ -75,7 +103,7 @@ def token_mint(
     pillar: Annotated[str, typer.Option(help="pillar_id claim")] = "",
     team: Annotated[str, typer.Option(help="team_id claim")] = "",
     agent: Annotated[str, typer.Option(help="agent_id claim")] = "",
-    subject: Annotated[Optional[str], typer.Option("--sub", help="sub claim [dev:<scope path>]")] = None,
+    subject: Annotated[Optional[str], typer.Option("--sub", help="sub claim (default dev:<scope path>)")] = None,
     ttl: Annotated[str, typer.Option(help="lifetime, e.g. 30m, 1h, 7d")] = "1h",
     data_dir: DataDir = None,
 ) -> None:
@@ -113,6 +141,65 @@ def serve_detector(data_dir: DataDir = None) -> None:
     settings = _settings(home=data_dir)
     configure_logging(settings.log_level, process="detector")
     asyncio.run(run_detector(settings))
+
+
+SourceOption = Annotated[Optional[str], typer.Option(
+    "--source", help="log (the broker's topic) or archive (its copy in PostgreSQL); "
+                     "default: archive when the log is restored from it, else log")]
+
+
+def _records(settings: Settings, source_name: str | None, on_total):
+    from context_engine.streams.replay import source
+    from context_engine.streams.topics import LogTopics
+
+    name = source_name or ("archive" if settings.restore_log_from_archive else "log")
+    return source(name, bootstrap=settings.kafka_bootstrap, topic=LogTopics.from_settings(settings).events,
+                  admin_url=settings.database_url, on_total=on_total)
+
+
+@app.command()
+def replay(
+    into: Annotated[Optional[str], typer.Option(
+        help="PostgreSQL URL of an empty database to rebuild into (default: a new database beside the live one)")] = None,
+    source_name: SourceOption = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Rebuild every read model from the log into an empty database."""
+    from context_engine.streams.replay import create_database, replay as run_replay
+
+    settings = _stack_settings(data_dir)
+
+    async def go():
+        target = into or await create_database(settings.database_url, "context_engine_replay")
+        bar, set_total = _progress("replay")
+        with bar:
+            report = await run_replay(_records(settings, source_name, set_total), target, progress=bar.update)
+        return target, report
+
+    target, report = asyncio.run(go())
+    typer.echo(f"replayed {report.events} events in {report.seconds:.2f}s "
+               f"({report.rate:,.0f} events/s) into {target}")
+
+
+@app.command()
+def verify(source_name: SourceOption = None, data_dir: DataDir = None) -> None:
+    """Recompute every version hash from the log and report each difference from the read models."""
+    from context_engine.streams.replay import verify as run_verify
+
+    settings = _stack_settings(data_dir)
+
+    async def go():
+        bar, set_total = _progress("verify")
+        with bar:
+            return await run_verify(_records(settings, source_name, set_total), settings.database_url,
+                                    progress=bar.update)
+
+    report, differences = asyncio.run(go())
+    for difference in differences:
+        typer.echo(str(difference))
+    typer.echo(f"verified {report.events} events ({report.rate:,.0f} events/s): "
+               f"{len(differences)} difference(s)")
+    raise typer.Exit(1 if differences else 0)
 
 
 @app.command()

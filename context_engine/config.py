@@ -38,8 +38,10 @@ class Settings(BaseSettings):
 
     # The log. One domain-event topic keyed by aggregate, one topic per job stream.
     topic_prefix: str = "context-engine"
+    # 4 is also what the bundled broker gives a topic a client auto-creates after a restart,
+    # so a consumer that races the engine's re-creation cannot leave a topic mis-partitioned.
     events_topic_partitions: int = 4
-    job_topic_partitions: int = 2
+    job_topic_partitions: int = 4
     # Consumers' fetch wait: the bundled broker holds every fetch for the full wait even when
     # data is there, so this bounds projection latency.
     consumer_fetch_max_wait_ms: int = 5

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -115,6 +116,7 @@ class Stack:
         # with the wrong partition count.
         asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(self.settings).partitions))
 
+        write_stack_file(self.home, database_url, bootstrap)
         self.children = [
             Child("worker", ["worker"], self.logs / "worker.log"),
             Child("api", ["serve", "api"], self.logs / "api.log"),
@@ -165,7 +167,27 @@ class Stack:
         if self.postgres is not None:
             with contextlib.suppress(Exception):
                 self.postgres.stop()
+        stack_file(self.home).unlink(missing_ok=True)
         self.say("stopped")
+
+
+def stack_file(home) -> "os.PathLike":
+    return home / "run" / "stack.json"
+
+
+def write_stack_file(home, database_url: str, bootstrap: str) -> None:
+    """Where the running stack's PostgreSQL and broker are, for CLI commands (replay, verify…)
+    run beside it: `context-engine verify --data-dir DIR` then needs no other option."""
+    path = stack_file(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"database_url": database_url, "kafka_bootstrap": bootstrap}))
+
+
+def read_stack_file(home) -> dict[str, str]:
+    try:
+        return json.loads(stack_file(home).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 class ChildDied(RuntimeError):

@@ -14,9 +14,10 @@ Per batch, in ONE transaction:
 So a crash between the write and the consumer's offset commit neither duplicates nor loses:
 on restart the batch is redelivered and every event in it is a duplicate.
 
-A record whose (topic, partition, offset) is already archived under ANOTHER event_id fails the
-batch (ProjectionError): the broker reused log positions, i.e. it lost data and was not restored
-from the archive. Nothing is silently dropped. Records that cannot be decoded fail the batch too.
+Log positions are recorded, not trusted as identity: after a memory-only broker is restored from
+the archive, a record may sit at an offset another event had before the crash (an unacknowledged
+produce can land first). Identity is the event_id; order is the archive's `archive_seq`.
+Records that cannot be decoded fail the batch (ProjectionError): nothing is silently dropped.
 
 Row-level security: the worker connects as the admin role (see projections/database.py) and
 sets `app.org_id` (transaction-local) before writing each org's rows and '_system' before the
@@ -257,10 +258,6 @@ async def _archive(conn: asyncpg.Connection, org_id: str,
             col.append(value)
     try:
         rows = await conn.fetch(_ARCHIVE, org_id, *cols)
-    except asyncpg.UniqueViolationError as exc:
-        raise ProjectionError(
-            "a log position is already archived under another event id: the broker reused offsets "
-            f"(lost data without a restore from the archive?): {exc}") from exc
     except asyncpg.DataError as exc:
         raise ProjectionError(f"malformed event envelope in batch: {exc}") from exc
     return {str(r["event_id"]) for r in rows}

@@ -28,7 +28,7 @@ from context_engine.config import Settings
 from context_engine.projections.database import create_pool
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import apply_batch
-from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payload
+from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
 from context_engine.streams.topics import LogTopics, ensure_topics
 
 log = structlog.get_logger("context_engine.worker")
@@ -101,15 +101,11 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
 
 
 async def project_batch(pool: asyncpg.Pool, records: list[LogRecord]) -> None:
-    """Apply one batch and announce it, atomically: the NOTIFY is delivered at commit."""
-    highest: dict[str, dict[int, int]] = {}
-    for r in records:
-        per_topic = highest.setdefault(r.topic, {})
-        per_topic[r.partition] = max(per_topic.get(r.partition, -1), r.offset)
+    """Apply one batch and announce its events, atomically: NOTIFY is delivered at commit."""
     async with pool.acquire() as conn, conn.transaction():
-        await apply_batch(conn, records)
-        for topic, offsets in highest.items():
-            await conn.execute("SELECT pg_notify($1, $2)", ARCHIVED_CHANNEL, archived_payload(topic, offsets))
+        applied = await apply_batch(conn, records)
+        for payload in archived_payloads([a.event_id for a in applied]):
+            await conn.execute("SELECT pg_notify($1, $2)", ARCHIVED_CHANNEL, payload)
 
 
 def run_worker(settings: Settings, bootstrap: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 import asyncpg
@@ -24,7 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from context_engine.errors import Unavailable
 from context_engine.events import Event
-from context_engine.streams.topics import LogTopics
+from context_engine.streams.topics import LogTopics, existing_topics
 
 log = structlog.get_logger("context_engine.log")
 
@@ -38,21 +37,27 @@ class LogPosition:
     offset: int
 
 
-def archived_payload(topic: str, max_offsets: dict[int, int]) -> str:
-    """NOTIFY payload: the highest offset handled per partition in one committed batch."""
-    return topic + "|" + ",".join(f"{p}:{o}" for p, o in sorted(max_offsets.items()))
+# NOTIFY payloads are limited to 8,000 bytes: at most this many event ids per notification.
+IDS_PER_NOTIFICATION = 200
 
 
-def parse_archived_payload(payload: str) -> tuple[str, dict[int, int]]:
-    topic, _, parts = payload.rpartition("|")
-    return topic, {int(p): int(o) for p, o in (item.split(":") for item in parts.split(",") if item)}
+def archived_payloads(event_ids: list[str]) -> list[str]:
+    """The notifications announcing one committed batch: its event ids, comma-separated.
+
+    Ids, not offsets: after a memory-only broker is restored, offsets are reused, and a
+    notification about a restored record at "my" offset must never acknowledge my event."""
+    return [",".join(event_ids[i:i + IDS_PER_NOTIFICATION])
+            for i in range(0, len(event_ids), IDS_PER_NOTIFICATION)]
 
 
 class EventLog:
     """The producer the command handlers share."""
 
-    def __init__(self, bootstrap: str, topics: LogTopics) -> None:
+    def __init__(self, bootstrap: str, topics: LogTopics, guard: "LogGuard | None" = None,
+                 hold_timeout: float = 5.0) -> None:
         self.topics = topics
+        self._guard = guard
+        self._hold_timeout = hold_timeout
         # No idempotent producer on the bundled broker; a retried send may duplicate a record,
         # which the projector drops by event_id.
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=1,
@@ -71,6 +76,8 @@ class EventLog:
         return await self._send(topic, value, key.encode())
 
     async def _send(self, topic: str, value: bytes, key: bytes) -> LogPosition:
+        if self._guard is not None:
+            await self._guard.wait_ready(self._hold_timeout)
         try:
             async for attempt in AsyncRetrying(retry=retry_if_exception_type(KafkaError),
                                                stop=stop_after_attempt(3),
@@ -83,16 +90,14 @@ class EventLog:
 
 
 class ArchiveWatch:
-    """Waits for the archiver's word that a position is durable."""
+    """Waits for the archiver's word that an event is durable."""
 
-    def __init__(self, database_url: str, pool: asyncpg.Pool, *, poll_interval: float = 0.05) -> None:
+    def __init__(self, database_url: str, pool: asyncpg.Pool, *, poll_interval: float = 0.25) -> None:
         self._url = database_url
         self._pool = pool
         self._poll = poll_interval
         self._conn: asyncpg.Connection | None = None
-        self._waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future]]] = defaultdict(list)
-        # (topic, partition) -> (highest archived offset seen, monotonic time it was seen)
-        self._seen: dict[tuple[str, int], tuple[int, float]] = {}
+        self._waiters: dict[str, asyncio.Future] = {}
 
     async def start(self) -> None:
         self._conn = await asyncpg.connect(self._url)
@@ -104,31 +109,19 @@ class ArchiveWatch:
                 await self._conn.close()
 
     def _on_notify(self, _conn, _pid, _channel, payload: str) -> None:
-        topic, offsets = parse_archived_payload(payload)
-        now = time.monotonic()
-        for partition, offset in offsets.items():
-            key = (topic, partition)
-            if offset > self._seen.get(key, (-1, 0.0))[0]:
-                self._seen[key] = (offset, now)
-            still = []
-            for wanted, future in self._waiters.get(key, ()):
-                if wanted <= offset:
-                    if not future.done():
-                        future.set_result(None)
-                elif not future.done():
-                    still.append((wanted, future))
-            self._waiters[key] = still
+        for event_id in payload.split(","):
+            future = self._waiters.get(event_id)
+            if future is not None and not future.done():
+                future.set_result(None)
 
-    async def wait(self, event_id: str, org_id: str, position: LogPosition, *, since: float,
-                   timeout: float) -> None:
-        """Return once the event is archived. `since` is the monotonic time the append began:
-        only a notification seen after it can speak for this append."""
-        key = (position.topic, position.partition)
-        seen_offset, seen_at = self._seen.get(key, (-1, 0.0))
-        if seen_offset >= position.offset and seen_at >= since:
-            return
-        future = asyncio.get_running_loop().create_future()
-        self._waiters[key].append((position.offset, future))
+    def expect(self, event_id: str) -> None:
+        """Register interest before appending, so a notification cannot arrive unheard."""
+        self._waiters[event_id] = asyncio.get_running_loop().create_future()
+
+    async def wait(self, event_id: str, org_id: str, position: LogPosition, *, timeout: float) -> None:
+        """Return once the event is archived (and projected: one transaction)."""
+        future = self._waiters.get(event_id) or asyncio.get_running_loop().create_future()
+        self._waiters[event_id] = future
         deadline = time.monotonic() + timeout
         try:
             while True:
@@ -141,13 +134,79 @@ class ArchiveWatch:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(future), min(self._poll, remaining))
                     return
+                # A notification can be missed (the listening connection dropped): ask directly.
                 if await self._archived(event_id, org_id):
                     return
         finally:
-            if not future.done():
-                future.cancel()
+            self._waiters.pop(event_id, None)
+
+    def forget(self, event_id: str) -> None:
+        self._waiters.pop(event_id, None)
 
     async def _archived(self, event_id: str, org_id: str) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
             return await conn.fetchval("SELECT true FROM event_archive WHERE event_id = $1", event_id) or False
+
+
+class LogGuard:
+    """Holds appends until the broker is known to hold the log, at start and after the broker
+    restarts.
+
+    A memory-only broker comes back empty; a produce that reaches it before its topic is
+    re-created is acknowledged by the broker and then lost (shared/ENVIRONMENT.md). So the guard
+    watches the topic list (an all-topics Metadata request creates nothing); when the domain
+    topic is missing it closes the gate, re-creates the topics, restores the log from the
+    archive, and opens the gate again. Appends in flight at the moment of a crash may still be
+    lost by the broker; they are never archived, so they are never acknowledged."""
+
+    def __init__(self, bootstrap: str, topics: LogTopics, recover, *, interval: float = 0.2) -> None:
+        self._bootstrap = bootstrap
+        self._topics = topics
+        self._recover = recover  # async () -> None: ensure topics, restore from the archive
+        self._interval = interval
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.recoveries = 0
+
+    async def start(self) -> None:
+        await self._recover()
+        self._ready.set()
+        self._task = asyncio.create_task(self._watch(), name="log-guard")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def wait_ready(self, timeout: float) -> None:
+        if self._ready.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            raise Unavailable("the event log is being recovered after a broker restart; retry shortly",
+                              reason="LOG_RECOVERING") from None
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                present = self._topics.events in await existing_topics(self._bootstrap)
+            except Exception as exc:  # broker down: hold appends until it is back and restored
+                present = False
+                log.warning("broker unreachable", error=str(exc))
+            if present:
+                continue
+            self._ready.clear()
+            while True:
+                try:
+                    await self._recover()
+                    break
+                except Exception as exc:
+                    log.warning("log recovery failed; retrying", error=str(exc))
+                    await asyncio.sleep(self._interval)
+            self.recoveries += 1
+            log.warning("log recovered after broker restart", recoveries=self.recoveries)
+            self._ready.set()

@@ -18,7 +18,7 @@ from context_engine.config import Settings
 from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import APP_ROLE, app_url
 from context_engine.streams.freshness import SessionFreshness
-from context_engine.streams.log import ArchiveWatch, EventLog
+from context_engine.streams.log import ArchiveWatch, EventLog, LogGuard
 from context_engine.streams.restore import restore_if_behind
 from context_engine.streams.topics import LogTopics, ensure_topics
 
@@ -40,27 +40,31 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
         raise RuntimeError("the API needs CONTEXT_ENGINE_DATABASE_URL and CONTEXT_ENGINE_KAFKA_BOOTSTRAP "
                            "(`context-engine up` sets both)")
     topics = LogTopics.from_settings(settings)
-    # Producers are held until the topics exist and the log holds the whole archive: a produce
+    # Appends are held until the topics exist and the log holds the whole archive: a produce
     # that reaches a fresh broker before its topic exists is lost (shared/ENVIRONMENT.md).
-    await ensure_topics(settings.kafka_bootstrap, topics.partitions)
-    if settings.restore_log_from_archive:
-        admin = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
-        try:
+    admin = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
+
+    async def recover() -> None:
+        await ensure_topics(settings.kafka_bootstrap, topics.partitions)
+        if settings.restore_log_from_archive:
             await restore_if_behind(settings.kafka_bootstrap, topics.events, admin)
-        finally:
-            await admin.close()
+
+    guard = LogGuard(settings.kafka_bootstrap, topics, recover)
     url = api_database_url(settings)
     pool = await create_pool(url, min_size=2, max_size=16)
-    event_log = EventLog(settings.kafka_bootstrap, topics)
+    event_log = EventLog(settings.kafka_bootstrap, topics, guard, hold_timeout=settings.ack_timeout_seconds)
     watch = ArchiveWatch(url, pool)
     try:
+        await guard.start()
         await event_log.start()
         await watch.start()
         yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool)
     finally:
         await watch.stop()
         await event_log.stop()
+        await guard.stop()
         await pool.close()
+        await admin.close()
 
 
 def build_api_server(settings: Settings, deps: Deps, address: str | None = None) -> HostedServer:

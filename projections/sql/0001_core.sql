@@ -24,8 +24,13 @@ REVOKE ALL ON FUNCTION enable_org_isolation(regclass) FROM PUBLIC;
 
 -- Every event verbatim, with its log position: the durability anchor of embedded mode (a
 -- command is acknowledged once its event is here) and the source of restore and replay.
+-- archive_seq is the order of first archival, which is log order within every partition: restore
+-- and replay follow it. The position is where the event was first archived from; it is not
+-- unique, because a broker restored after a crash may place records at other offsets (an
+-- unacknowledged produce can land before the restore), and that must not stop the projector.
 CREATE TABLE event_archive (
     event_id       uuid PRIMARY KEY,
+    archive_seq    bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
     org_id         text NOT NULL CHECK (org_id <> ''),
     topic          text NOT NULL,
     partition      integer NOT NULL,
@@ -37,9 +42,9 @@ CREATE TABLE event_archive (
     actor          text NOT NULL,
     content_hash   text NOT NULL,
     raw            bytea NOT NULL,          -- Event.to_bytes(): the canonical form on the log
-    archived_at    timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (topic, partition, "offset")
+    archived_at    timestamptz NOT NULL DEFAULT now()
 );
+CREATE INDEX event_archive_position ON event_archive (topic, partition, "offset");
 CREATE INDEX event_archive_aggregate ON event_archive (org_id, aggregate);
 
 -- One row per session: its current state version and chain position.

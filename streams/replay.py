@@ -1,0 +1,215 @@
+"""Replay and verify: rebuild the read models from the log, and check the live ones against a
+rebuild.
+
+Replay is a bulk path (ARCHITECTURE.md section 4): records go through the same `apply_batch` the
+live projector uses, in large batches, into a database that holds no events yet. `verify`
+replays into a scratch database and compares every version hash, item and snapshot with the live
+read models, naming the event behind each difference.
+
+Two readings of the log:
+- `read_log`: the broker's topic, every partition from offset 0 to its high-water mark, with a
+  plain aiokafka consumer (Faust's per-event overhead would cap it near 10k events/s).
+- `read_archive`: the archive's copy of the log, in the order the projector applied it
+  (`archive_seq`). With a memory-only broker this is the authoritative copy: after a broker
+  crash, a produce that was never acknowledged can reach the restarted broker ahead of the
+  restored events, so the broker's order can differ from the order the read models were built
+  in for exactly those unacknowledged events. Deployments that restore the log from the archive
+  therefore replay and verify from the archive by default; with a durable broker, from the log.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from context_engine.projections.database import create_pool
+from context_engine.projections.migrate import migrate
+from context_engine.projections.records import LogRecord
+from context_engine.projections.session_projector import apply_batch
+
+BATCH = 2000
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    events: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
+
+
+@dataclass(frozen=True)
+class Difference:
+    event_id: str
+    where: str
+    live: str
+    recomputed: str
+
+    def __str__(self) -> str:
+        return f"event {self.event_id} ({self.where}): read model has {self.live}, the log gives {self.recomputed}"
+
+
+async def read_log(bootstrap: str, topic: str, *, batch: int = BATCH,
+                   on_total: Callable[[int], None] | None = None) -> AsyncIterator[list[LogRecord]]:
+    """Every record of `topic`, partition order kept, up to the high-water marks seen at start."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest", fetch_max_wait_ms=20,
+                                max_partition_fetch_bytes=8 * 1024 * 1024)
+    await consumer.start()
+    try:
+        if topic not in await consumer.topics():  # all-topics Metadata: creates nothing
+            raise RuntimeError(f"topic {topic!r} does not exist on {bootstrap}")
+        partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, 0)
+        ends: dict[TopicPartition, int] = {}
+        while len(ends) < len(tps):  # the fetch's high-water mark is right where ListOffsets is not
+            got = await consumer.getmany(*tps, timeout_ms=200, max_records=batch)
+            for tp in tps:
+                if tp not in ends and (hw := consumer.highwater(tp)) is not None:
+                    ends[tp] = hw
+            for tp, records in got.items():
+                consumer.seek(tp, records[0].offset)  # re-read below, now that the end is known
+        if on_total:
+            on_total(sum(ends.values()))
+        remaining = {tp for tp in tps if ends[tp] > 0}
+        while remaining:
+            got = await consumer.getmany(*remaining, timeout_ms=500, max_records=batch)
+            out = []
+            for tp, records in got.items():
+                out += [LogRecord(r.topic, r.partition, r.offset, r.value) for r in records if r.offset < ends[tp]]
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    remaining.discard(tp)
+            if out:
+                yield out
+    finally:
+        await consumer.stop()
+
+
+async def read_archive(admin_url: str, topic: str, *, batch: int = BATCH,
+                       on_total: Callable[[int], None] | None = None) -> AsyncIterator[list[LogRecord]]:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        if on_total:
+            on_total(await conn.fetchval("SELECT count(*) FROM event_archive WHERE topic = $1", topic))
+        async with conn.transaction():
+            out = []
+            async for r in conn.cursor('SELECT partition, "offset", raw FROM event_archive WHERE topic = $1 '
+                                       "ORDER BY archive_seq", topic, prefetch=batch):
+                out.append(LogRecord(topic, r["partition"], r["offset"], bytes(r["raw"])))
+                if len(out) >= batch:
+                    yield out
+                    out = []
+            if out:
+                yield out
+    finally:
+        await conn.close()
+
+
+def source(name: str, *, bootstrap: str, topic: str, admin_url: str,
+           on_total: Callable[[int], None] | None = None) -> AsyncIterator[list[LogRecord]]:
+    if name == "log":
+        return read_log(bootstrap, topic, on_total=on_total)
+    if name == "archive":
+        return read_archive(admin_url, topic, on_total=on_total)
+    raise ValueError(f"replay source must be 'log' or 'archive', not {name!r}")
+
+
+async def replay(records: AsyncIterator[list[LogRecord]], target_admin_url: str, *,
+                 progress: Callable[[int], None] | None = None) -> ReplayReport:
+    await migrate(target_admin_url)
+    pool = await create_pool(target_admin_url, org_scoped=False, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM event_archive)"):
+                raise RuntimeError("the target database already holds events; replay needs an empty one")
+            started, count = time.monotonic(), 0
+            async for batch in records:
+                await apply_batch(conn, batch)
+                count += len(batch)
+                if progress:
+                    progress(len(batch))
+            return ReplayReport(count, time.monotonic() - started)
+    finally:
+        await pool.close()
+
+
+def with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+async def create_database(admin_url: str, prefix: str) -> str:
+    name = f"{prefix}_{time.strftime('%Y%m%d%H%M%S')}_{uuid.uuid4().hex[:6]}"
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return with_database(admin_url, name)
+
+
+async def drop_database(admin_url: str, url: str) -> None:
+    name = urlsplit(url).path.lstrip("/")
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+# What verify compares: a key naming the row, the values that must match, and the event to blame.
+_CHECKS = {
+    "session item": ("SELECT org_id || '/' || session_id || ' seq ' || seq AS key, event_id::text AS event, "
+                     "version || CASE WHEN active THEN ' (active)' ELSE ' (inactive)' END AS value "
+                     "FROM session_items"),
+    "session version": ("SELECT org_id || '/' || session_id AS key, last_event_id::text AS event, "
+                        "version || ' at seq ' || seq AS value FROM sessions"),
+    "snapshot": ("SELECT org_id || '/' || session_id || ' snapshot ' || name AS key, event_id::text AS event, "
+                 "version AS value FROM snapshots"),
+    "ingested event": ("SELECT org_id || ' event ' || event_id AS key, event_id::text AS event, "
+                       "content_sha256 || ' v ' || version AS value FROM session_events"),
+    "memory version": ("SELECT org_id || ' memory ' || event_id AS key, event_id::text AS event, "
+                       "content_sha256 || ' v ' || coalesce(session_version, '-') AS value FROM memory_versions"),
+}
+
+
+async def _rows(conn: asyncpg.Connection, sql: str) -> dict[str, tuple[str, str]]:
+    return {r["key"]: (r["event"], r["value"]) for r in await conn.fetch(sql)}
+
+
+async def compare(live_url: str, rebuilt_url: str) -> list[Difference]:
+    live, rebuilt = await asyncpg.connect(live_url), await asyncpg.connect(rebuilt_url)
+    try:
+        differences = []
+        for what, sql in _CHECKS.items():
+            want, have = await _rows(rebuilt, sql), await _rows(live, sql)
+            for key in sorted(want.keys() | have.keys()):
+                w, h = want.get(key), have.get(key)
+                if w != h:
+                    event = (w or h)[0]
+                    differences.append(Difference(event, f"{what} {key}", h[1] if h else "nothing",
+                                                  w[1] if w else "nothing"))
+        return differences
+    finally:
+        await live.close()
+        await rebuilt.close()
+
+
+async def verify(records: AsyncIterator[list[LogRecord]], admin_url: str, *,
+                 progress: Callable[[int], None] | None = None) -> tuple[ReplayReport, list[Difference]]:
+    scratch = await create_database(admin_url, "context_engine_verify")
+    try:
+        report = await replay(records, scratch, progress=progress)
+        return report, await compare(admin_url, scratch)
+    finally:
+        await drop_database(admin_url, scratch)
