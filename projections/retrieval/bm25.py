@@ -1,0 +1,232 @@
+"""Okapi BM25 over real term statistics, and the analyzer that produces the terms.
+
+Pure: no database. The statistics (N, average document length, document frequency per term)
+describe the CALLER'S VISIBLE CORPUS and are passed in as data; the SQL that gathers them
+lives with the Search wiring. What that SQL needs is spelled out by the pieces here:
+
+* at ingest, :func:`term_frequencies` turns a chunk's text into ``DocumentTerms`` (term ->
+  tf, plus the document length in analysed terms); store one row per (chunk, term, tf) and the
+  length on the chunk;
+* at query time, :func:`analyze` the query, ask :func:`stats_terms` which terms need a
+  document frequency, and gather ``N`` (visible chunks), ``sum(length)`` (-> avgdl) and
+  ``df`` for those terms only, all under the caller's visibility (RLS) and ``domain`` filter;
+  build :class:`CorpusStats` and call :func:`bm25_scores`.
+
+Analyzer (``analyze``)
+----------------------
+1. Unicode NFKC normalisation, then ``str.casefold()`` (full Unicode lower-casing:
+   ``"Straße"`` -> ``"strasse"``).
+2. Tokens are maximal runs of Unicode letters and digits (``[^\\W_]+``); everything else,
+   including ``_`` and apostrophes, separates tokens (``"don't"`` -> ``don``, ``t``; the
+   fragments are stop words). Han ideographs, Hiragana and Katakana are emitted one character
+   per token (no dictionary segmentation for those scripts; this is what Lucene's
+   StandardTokenizer does for ideographs).
+3. Tokens in :data:`STOP_WORDS` (a modest English function-word list, written out below)
+   are dropped. No stemming: nothing here shows it would help, and an unstemmed index keeps
+   the tf rows exact and debuggable. Document length is counted AFTER stop-word removal.
+
+Scoring
+-------
+For query terms ``q_1..q_n`` (analysed; a term repeated in the query contributes once per
+occurrence, as in rank_bm25 and in a Lucene BooleanQuery) and a document ``D``::
+
+    score(D) = sum_i idf(q_i) * tf(q_i, D) * (k1 + 1)
+                               / (tf(q_i, D) + k1 * (1 - b + b * |D| / avgdl))
+
+    idf(q)   = ln(1 + (N - df(q) + 0.5) / (df(q) + 0.5))        (Lucene / BM25+ style idf)
+
+with ``k1 = 1.2``, ``b = 0.75``. This idf is always positive, so there is no epsilon floor
+(rank_bm25's ``BM25Okapi`` uses ``ln((N - df + 0.5) / (df + 0.5))`` floored at
+``epsilon * mean idf``; the two differ, and the tests compare against rank_bm25 with its idf
+replaced by this one). The numerator keeps the classic ``(k1 + 1)`` factor (Lucene >= 8 drops
+it; it only rescales). When ``avgdl`` is 0 (every visible document is empty) the length
+normalisation is taken as 1.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence, Union
+
+__all__ = [
+    "B",
+    "K1",
+    "STOP_WORDS",
+    "CorpusStats",
+    "DocumentTerms",
+    "analyze",
+    "bm25_score",
+    "bm25_scores",
+    "idf",
+    "matches_minimum",
+    "minimum_should_match",
+    "query_idf_mass",
+    "stats_terms",
+    "term_frequencies",
+]
+
+K1 = 1.2
+B = 0.75
+
+#: English function words removed by the analyzer. Articles, pronouns, auxiliaries,
+#: common prepositions and conjunctions, and the fragments contractions split into.
+STOP_WORDS: frozenset[str] = frozenset(
+    """
+    a an the
+    and or but nor so yet if then than because while as
+    of to in on at by for with from into onto about over under up down out off
+    i me my mine myself we us our ours ourselves you your yours yourself yourselves
+    he him his himself she her hers herself it its itself they them their theirs themselves
+    this that these those there here
+    is am are was were be been being
+    do does did doing done
+    have has had having
+    will would shall should can could may might must
+    what which who whom whose when where why how
+    not no
+    all any both each few more most other some such only own same too very just also
+    s t d ll m re ve don doesn didn isn aren wasn weren haven hasn hadn couldn shouldn wouldn
+    """.split()
+)
+
+_TOKEN = re.compile(
+    r"[\u3040-\u309f\u30a0-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"  # one per token
+    r"|[^\W_\u3040-\u309f\u30a0-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+"
+)
+
+
+def analyze(text: str) -> list[str]:
+    """The analysed terms of ``text``, in order (see the module docstring)."""
+    if not text:
+        return []
+    norm = unicodedata.normalize("NFKC", text).casefold()
+    return [t for t in _TOKEN.findall(norm) if t not in STOP_WORDS]
+
+
+@dataclass(frozen=True)
+class DocumentTerms:
+    """What BM25 needs of one document: term -> tf, and its length in analysed terms."""
+
+    tf: Mapping[str, int]
+    length: int
+
+    @classmethod
+    def from_terms(cls, terms: Iterable[str]) -> "DocumentTerms":
+        terms = list(terms)
+        return cls(tf=dict(Counter(terms)), length=len(terms))
+
+
+def term_frequencies(text: str) -> DocumentTerms:
+    """Analyse ``text`` and count: the per-chunk rows stored at ingest."""
+    return DocumentTerms.from_terms(analyze(text))
+
+
+@dataclass(frozen=True)
+class CorpusStats:
+    """Statistics of the caller's visible corpus.
+
+    ``df`` needs only the query's terms (:func:`stats_terms`); a term absent from it has
+    df 0.
+    """
+
+    n_docs: int
+    avgdl: float
+    df: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.n_docs < 0:
+            raise ValueError("n_docs must be >= 0")
+        if self.avgdl < 0 or math.isnan(self.avgdl):
+            raise ValueError("avgdl must be >= 0")
+        for term, n in self.df.items():
+            if n < 0 or n > self.n_docs:
+                raise ValueError(f"df[{term!r}]={n} outside [0, n_docs={self.n_docs}]")
+
+    @classmethod
+    def from_totals(cls, n_docs: int, total_length: int, df: Mapping[str, int]) -> "CorpusStats":
+        """From ``count(*)``, ``sum(length)`` and per-term ``count(*)`` as SQL returns them."""
+        return cls(n_docs=n_docs, avgdl=(total_length / n_docs) if n_docs else 0.0, df=dict(df))
+
+    @classmethod
+    def from_documents(cls, docs: Sequence["DocumentTerms | Sequence[str]"]) -> "CorpusStats":
+        """Exact statistics of an in-memory corpus (tests, benchmarks, small scopes)."""
+        dts = [_as_doc(d) for d in docs]
+        df: Counter[str] = Counter()
+        for d in dts:
+            df.update(t for t, n in d.tf.items() if n > 0)
+        return cls.from_totals(len(dts), sum(d.length for d in dts), df)
+
+    def idf(self, term: str) -> float:
+        return idf(self.n_docs, self.df.get(term, 0))
+
+
+def idf(n_docs: int, df: int) -> float:
+    """``ln(1 + (N - df + 0.5) / (df + 0.5))``: positive for every 0 <= df <= N."""
+    return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
+
+
+def stats_terms(query_terms: Iterable[str]) -> tuple[str, ...]:
+    """The distinct terms whose df the SQL side must fetch for this query (sorted)."""
+    return tuple(sorted(set(query_terms)))
+
+
+def query_idf_mass(query_terms: Sequence[str], stats: CorpusStats) -> float:
+    """``sum_i idf(q_i)`` over the query's term occurrences: the BM25 score of a document of
+    average length holding every query term once. :mod:`fusion` normalises BM25 by it."""
+    return sum(stats.idf(q) for q in query_terms)
+
+
+DocLike = Union[DocumentTerms, Sequence[str]]
+
+
+def _as_doc(doc: DocLike) -> DocumentTerms:
+    if isinstance(doc, DocumentTerms):
+        return doc
+    if isinstance(doc, str):
+        raise TypeError("pass analysed terms (list[str]) or DocumentTerms, not a raw string")
+    return DocumentTerms.from_terms(doc)
+
+
+def bm25_score(query_terms: Sequence[str], doc: DocLike, stats: CorpusStats,
+               *, k1: float = K1, b: float = B) -> float:
+    """BM25 of one document (see the module docstring for the formula)."""
+    d = _as_doc(doc)
+    norm = (1.0 - b + b * d.length / stats.avgdl) if stats.avgdl > 0 else 1.0
+    score = 0.0
+    for q in query_terms:
+        tf = d.tf.get(q, 0)
+        if tf <= 0:
+            continue
+        score += stats.idf(q) * tf * (k1 + 1.0) / (tf + k1 * norm)
+    return score
+
+
+def bm25_scores(query_terms: Sequence[str], docs_terms: Sequence[DocLike], stats: CorpusStats,
+                *, k1: float = K1, b: float = B) -> list[float]:
+    """BM25 of each document, in input order."""
+    q = list(query_terms)
+    return [bm25_score(q, d, stats, k1=k1, b=b) for d in docs_terms]
+
+
+def minimum_should_match(n_distinct_terms: int, fraction: float) -> int:
+    """How many distinct query terms a BM25 candidate must contain.
+
+    ``fraction`` 0 is plain OR (at least one term); 1 is AND. The result is in
+    ``[min(1, n), n]``: a query always needs at least one matching term.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError("fraction must be in [0, 1]")
+    if n_distinct_terms <= 0:
+        return 0
+    return max(1, math.ceil(fraction * n_distinct_terms - 1e-9))
+
+
+def matches_minimum(query_terms: Iterable[str], doc: DocLike, required: int) -> bool:
+    """Whether ``doc`` holds at least ``required`` distinct query terms (the SQL
+    ``HAVING count(DISTINCT term) >= required`` in Python)."""
+    d = _as_doc(doc)
+    return sum(1 for t in set(query_terms) if d.tf.get(t, 0) > 0) >= max(required, 1)

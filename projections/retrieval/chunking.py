@@ -1,0 +1,219 @@
+"""The chunking rule: what text becomes which chunk.
+
+1. **Text extraction.** Plain text is used as is. JSON content (a ``dict``/``list`` value, or a
+   string declared ``application/json``) becomes one line per scalar leaf,
+   ``dotted.key.path: value``, keys sorted, list indices omitted from the path, ``null`` leaves
+   skipped, booleans as ``true``/``false``. Keys are kept because they carry meaning for both
+   BM25 and the embedder (``"address.city: Paris"``); sorting makes the text independent of
+   the producer's key order, so equal JSON gives equal text and an equal content hash.
+2. **Short stays whole.** A text of at most ``max_tokens`` tokens (cl100k_base, via
+   :mod:`context_engine.inference.tokens`; default 256) is ONE chunk: a conversation turn stays
+   one chunk unless it is long. Leading/trailing whitespace is stripped; an empty or
+   whitespace-only text yields no chunk.
+3. **Long texts split on boundaries.** Paragraphs (blank lines), then sentences (after
+   ``. ! ?`` and their CJK forms, before whitespace), then — only for a single sentence longer
+   than ``max_tokens`` — token-boundary cuts (never inside a UTF-8 character). The pieces are
+   packed greedily, in order, into windows of at most ``max_tokens`` tokens; each window's
+   content is the ORIGINAL text from its first piece's start to its last piece's end, so
+   formatting inside a window is preserved.
+4. **Overlap.** Each window after the first starts with the trailing pieces of the previous
+   window that fit in ``overlap_tokens`` (default 32): whole sentences only, so the overlap is
+   "the last sentence or so", never a cut word. A hard-cut piece is too long to be carried.
+5. **Identity.** ``id = UUIDv5(CHUNK_NAMESPACE, f"{source_event_id}#{index}")``: replaying an
+   event reproduces its chunk ids. ``content_hash = SHA-256(content as UTF-8)`` in lowercase
+   hex: identical content gives an identical hash, whatever event it came from, so embeddings
+   are computed once per content hash. ``token_count`` is the cl100k count of ``content``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from context_engine.inference import tokens
+
+__all__ = [
+    "CHUNK_NAMESPACE",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_OVERLAP_TOKENS",
+    "ENCODING",
+    "Chunk",
+    "chunk_content",
+    "chunk_id",
+    "chunk_text",
+    "content_hash",
+    "json_text",
+]
+
+CHUNK_NAMESPACE = uuid.UUID("6f1c1b8e-3d2a-5c47-9e0b-7a4d2c9f8e31")
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_OVERLAP_TOKENS = 32
+ENCODING_MODEL = "gpt-4"  # any cl100k model id; tokens.count_tokens maps it to cl100k_base
+ENCODING = tokens.CL100K_BASE
+
+
+@dataclass(frozen=True)
+class Chunk:
+    id: uuid.UUID
+    source_event_id: str
+    index: int
+    content: str
+    content_hash: str
+    token_count: int
+
+
+def chunk_id(source_event_id: str, index: int) -> uuid.UUID:
+    return uuid.uuid5(CHUNK_NAMESPACE, f"{source_event_id}#{index}")
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _count(text: str) -> int:
+    return tokens.count_tokens(text, ENCODING_MODEL)
+
+
+# ------------------------------------------------------------------------------------------
+# JSON
+# ------------------------------------------------------------------------------------------
+
+
+def _leaves(value: Any, path: str, out: list[str]) -> None:
+    if isinstance(value, dict):
+        for key in sorted(value, key=str):
+            _leaves(value[key], f"{path}.{key}" if path else str(key), out)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _leaves(item, path, out)
+    elif value is None:
+        return
+    else:
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        else:
+            text = str(value)
+        if text.strip():
+            out.append(f"{path}: {text}" if path else text)
+
+
+def json_text(value: Any) -> str:
+    """Text of a parsed JSON value: ``key.path: value`` per scalar leaf (module docstring)."""
+    out: list[str] = []
+    _leaves(value, "", out)
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------
+# Splitting
+# ------------------------------------------------------------------------------------------
+
+_PARAGRAPH = re.compile(r"\S(?:.*?\S)?(?=\s*\n[ \t]*\n|\s*\Z)", re.S)
+_SENTENCE = re.compile(r"\S.*?(?:[.!?](?=\s)|[。！？]|\Z)", re.S)
+
+
+def _spans(text: str, pattern: re.Pattern[str], start: int, end: int) -> list[tuple[int, int]]:
+    return [(m.start(), m.end()) for m in pattern.finditer(text, start, end)]
+
+
+def _hard_cut(text: str, start: int, end: int, max_tokens: int) -> list[tuple[int, int]]:
+    out = []
+    pos = start
+    while pos < end:
+        piece = tokens.truncate_to_tokens(text[pos:end], max_tokens, ENCODING_MODEL)
+        if not piece:  # cannot happen for max_tokens >= 1 with real text; guard progress
+            piece = text[pos]
+        out.append((pos, pos + len(piece)))
+        pos += len(piece)
+        while pos < end and text[pos].isspace():
+            pos += 1
+    return out
+
+
+def _units(text: str, max_tokens: int) -> list[tuple[int, int, bool]]:
+    """(start, end, splittable) pieces, each at most ``max_tokens``; ``splittable`` False for a
+    hard cut (not eligible as overlap)."""
+    units: list[tuple[int, int, bool]] = []
+    for ps, pe in _spans(text, _PARAGRAPH, 0, len(text)):
+        if _count(text[ps:pe]) <= max_tokens:
+            units.append((ps, pe, True))
+            continue
+        for ss, se in _spans(text, _SENTENCE, ps, pe):
+            if _count(text[ss:se]) <= max_tokens:
+                units.append((ss, se, True))
+            else:
+                units.extend((a, b, False) for a, b in _hard_cut(text, ss, se, max_tokens))
+    return units
+
+
+def _windows(text: str, max_tokens: int, overlap_tokens: int) -> list[str]:
+    units = _units(text, max_tokens)
+    windows: list[str] = []
+    current: list[tuple[int, int, bool]] = []
+    fresh = 0  # units in `current` not carried over from the previous window
+
+    def content(us: list[tuple[int, int, bool]]) -> str:
+        return text[us[0][0]:us[-1][1]]
+
+    for unit in units:
+        if current and _count(content(current + [unit])) > max_tokens:
+            windows.append(content(current))
+            carry: list[tuple[int, int, bool]] = []
+            for u in reversed(current):
+                if not u[2] or _count(content([u] + carry)) > overlap_tokens:
+                    break
+                carry.insert(0, u)
+            # the carry must leave room for the new unit
+            while carry and _count(content(carry + [unit])) > max_tokens:
+                carry.pop(0)
+            current, fresh = carry, 0
+        current.append(unit)
+        fresh += 1
+    if current and fresh:
+        windows.append(content(current))
+    return windows
+
+
+def chunk_text(source_event_id: str, text: str, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+               overlap_tokens: int = DEFAULT_OVERLAP_TOKENS) -> list[Chunk]:
+    """Chunks of a text (module docstring, rules 2-5)."""
+    if max_tokens < 8:
+        raise ValueError("max_tokens must be >= 8")
+    if not 0 <= overlap_tokens < max_tokens:
+        raise ValueError("overlap_tokens must be in [0, max_tokens)")
+    text = text.strip()
+    if not text:
+        return []
+    if _count(text) <= max_tokens:
+        pieces = [text]
+    else:
+        pieces = _windows(text, max_tokens, overlap_tokens)
+    return [
+        Chunk(chunk_id(source_event_id, i), source_event_id, i, p, content_hash(p), _count(p))
+        for i, p in enumerate(pieces)
+    ]
+
+
+def chunk_content(source_event_id: str, content: Any, *, content_type: str = "text/plain",
+                  max_tokens: int = DEFAULT_MAX_TOKENS,
+                  overlap_tokens: int = DEFAULT_OVERLAP_TOKENS) -> list[Chunk]:
+    """Chunks of an event's content: JSON values (or JSON text) via :func:`json_text`,
+    bytes as UTF-8, anything else as text."""
+    if isinstance(content, (bytes, bytearray)):
+        content = bytes(content).decode("utf-8", errors="replace")
+    if isinstance(content, str) and content_type.split(";")[0].strip().lower().endswith("json"):
+        try:
+            content = json.loads(content)
+        except ValueError:
+            pass  # not actually JSON: index the text as it is
+    if isinstance(content, (dict, list, tuple)):
+        text = json_text(content)
+    elif isinstance(content, str):
+        text = content
+    else:
+        text = json_text(content)
+    return chunk_text(source_event_id, text, max_tokens=max_tokens, overlap_tokens=overlap_tokens)
