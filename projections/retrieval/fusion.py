@@ -6,7 +6,7 @@ the candidate and the query only, never of the other candidates.
 
 Default recipe :data:`HYBRID` (``WeightedFusion``)::
 
-    score = 0.55 * v + 0.35 * l + 0.10 * r                      (weights sum to 1)
+    score = 0.45 * v + 0.45 * l + 0.10 * r                      (weights sum to 1)
 
     v = max(0, cosine)                                           vector leg, in [0, 1]
     l = min(1, bm25 / sum_i idf(q_i))                            lexical leg, in [0, 1]
@@ -31,9 +31,18 @@ Why these normalisations
   recency credit, two months old about 5 %. A timestamp in the future counts as age 0; an
   unknown timestamp contributes 0.
 
-Weights: the vector leg carries most of the score (it handles paraphrase), BM25 most of the
-rest (exact names, numbers and rare words the embedder blurs), recency is a tie-breaker that
-can never on its own lift an unrelated chunk over a floor above 0.10.
+Weights: the vector leg (paraphrase) and BM25 (exact names, numbers, rare words the embedder
+blurs) share 0.90 equally; recency is a tie-breaker that can never on its own lift an
+unrelated chunk over a floor above 0.10. Measured on LoCoMo (dialog turns, categories 1-4,
+1,536 questions, MiniLM-L6 int8, this analyzer), evidence recall R@5/10/25 without recency:
+0.45/0.45 -> .540/.623/.712; 0.55/0.35 -> .529/.606/.701; 0.35/0.55 -> .547/.623/.708; plain
+BM25 .497/.568/.634, plain dense .372/.455/.588, RRF .457/.534/.658. The optimum is flat
+between 0.35 and 0.45 on the vector side; equal weights sit in the middle of it.
+
+Scale: on that data the top fused score (without recency) has median 0.46 and 10th percentile
+0.32, and the best evidence turn a median of 0.35; a fresh chunk adds up to 0.10 of recency.
+A floor of 0.7 therefore rejects most genuine answers: calibrate ``retrieval_min_score``
+against this scale (roughly 0.3-0.4 for MiniLM), not against raw cosine habits.
 
 A candidate missing a leg's signal (``None``) gets 0 from that leg. The wiring should compute
 BOTH signals for the union of the two legs' candidates (the vector is stored with the chunk and
@@ -135,8 +144,8 @@ class WeightedFusion:
     """Weighted sum of normalised signals (see the module docstring)."""
 
     name: str = "hybrid-v1"
-    w_vector: float = 0.55
-    w_bm25: float = 0.35
+    w_vector: float = 0.45
+    w_bm25: float = 0.45
     w_recency: float = 0.10
     recency_half_life_seconds: float = 14 * DAY
 

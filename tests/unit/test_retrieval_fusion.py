@@ -23,12 +23,12 @@ def score(cos=None, bm=None, age_days=None, recipe=HYBRID):
 
 
 def test_default_recipe_is_documented_weights():
-    assert (HYBRID.w_vector, HYBRID.w_bm25, HYBRID.w_recency) == (0.55, 0.35, 0.10)
+    assert (HYBRID.w_vector, HYBRID.w_bm25, HYBRID.w_recency) == (0.45, 0.45, 0.10)
     assert HYBRID.recency_half_life_seconds == 14 * 86_400
     assert score(1.0, 100.0, 0) == pytest.approx(1.0)
     assert score(-1.0, 0.0, None) == 0.0
     # cosine 0.6, half the query's idf mass, two weeks old
-    assert score(0.6, 2.0, 14) == pytest.approx(0.55 * 0.6 + 0.35 * 0.5 + 0.10 * 0.5)
+    assert score(0.6, 2.0, 14) == pytest.approx(0.45 * 0.6 + 0.45 * 0.5 + 0.10 * 0.5)
 
 
 def test_scores_always_in_unit_interval():
@@ -100,7 +100,7 @@ def test_recipes_are_frozen_and_copied_with_replace():
     with pytest.raises(dataclasses.FrozenInstanceError):
         HYBRID.w_vector = 0.9  # type: ignore[misc]
     lexical = dataclasses.replace(HYBRID, name="lexical-heavy", w_vector=0.35, w_bm25=0.55)
-    assert HYBRID.w_vector == 0.55 and lexical.w_bm25 == 0.55
+    assert HYBRID.w_vector == 0.45 and lexical.w_bm25 == 0.55 and lexical.name == "lexical-heavy"
     with pytest.raises(ValueError):
         dataclasses.replace(HYBRID, w_vector=0.9)  # weights must sum to 1
     with pytest.raises(ValueError):
