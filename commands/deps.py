@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from context_engine.commands.session_access import SessionOwners
 from context_engine.config import Settings
 from context_engine.events import Event
 from context_engine.streams.freshness import SessionFreshness
-from context_engine.streams.log import ArchiveWatch, EventLog, LogPosition
+from context_engine.streams.log import ArchiveWatch, EventLog
 
 
 @dataclass
@@ -20,9 +21,11 @@ class Deps:
     watch: ArchiveWatch
     freshness: SessionFreshness
     pool: asyncpg.Pool
+    owners: SessionOwners
 
-    async def append(self, event: Event, session_key: str) -> LogPosition:
-        """Append and return once the event is archived and projected: the acknowledgement point."""
+    async def append(self, event: Event, session_key: str) -> str | None:
+        """Append and return once the event is archived and projected: the acknowledgement point.
+        Returns the projector's outcome (APPLIED, OUT_OF_SCOPE…), or None when it must be read back."""
         async with self.freshness.appending(session_key):
             self.watch.expect(event.event_id)
             try:
@@ -30,6 +33,5 @@ class Deps:
             except BaseException:
                 self.watch.forget(event.event_id)
                 raise
-            await self.watch.wait(event.event_id, event.scope.org_id, position,
-                                  timeout=self.settings.ack_timeout_seconds)
-        return position
+            return await self.watch.wait(event.event_id, event.scope.org_id, position,
+                                         timeout=self.settings.ack_timeout_seconds)

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from context_engine.auth import Principal
 from context_engine import validation
 from context_engine.commands.deps import Deps
-from context_engine.commands.session_access import require_writable, session_claimed_elsewhere
+from context_engine.commands.session_access import session_claimed_elsewhere
 from context_engine.errors import InvalidArgument
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
+from context_engine.projections.session_projector import APPLIED, OUT_OF_SCOPE
 
 EVENT_TYPES = ("message", "tool_output", "workflow_event")
 MAX_IDEMPOTENCY_KEY = 128
@@ -46,14 +47,11 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
 
-    await deps.freshness.wait(session_key)
-    async with org_transaction(deps.pool, org) as conn:
-        if command.idempotency_key:
-            first = await queries.event_by_idempotency_key(conn, org, command.idempotency_key, command.session_id)
-            if first is not None:
-                return _result(first)
-        require_writable(await queries.get_session(conn, org, command.session_id), principal.scope,
-                         command.session_id)
+    if command.idempotency_key:  # a retry: answer with the first result, if it has landed
+        await deps.freshness.wait(session_key)
+        if (first := await _first_with_key(deps, org, command)) is not None:
+            return _result(first)
+    await deps.owners.require_writable(principal.scope, command.session_id)
 
     text = command.content.decode("utf-8", errors="replace")
     event = Event(
@@ -69,17 +67,21 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
             "idempotency_key": command.idempotency_key,
         },
     )
-    await deps.append(event, session_key)
-
-    async with org_transaction(deps.pool, org) as conn:
-        if command.idempotency_key:  # a concurrent retry may have won the key
-            first = await queries.event_by_idempotency_key(conn, org, command.idempotency_key, command.session_id)
-            if first is not None:
-                return _result(first)
-        stored = await queries.event_by_id(conn, org, event.event_id)
-    if stored is None:
+    outcome = await deps.append(event, session_key)
+    if outcome == OUT_OF_SCOPE:  # another scope created the session first
         raise session_claimed_elsewhere(command.session_id)
+    if outcome != APPLIED:  # a concurrent retry won the key, or the outcome must be read back
+        if command.idempotency_key and (first := await _first_with_key(deps, org, command)) is not None:
+            return _result(first)
+        async with org_transaction(deps.pool, org, readonly=True) as conn:
+            if await queries.event_by_id(conn, org, event.event_id) is None:
+                raise session_claimed_elsewhere(command.session_id)
     return Ingested(event.event_id, event.payload["content_sha256"], event.payload["token_count"])
+
+
+async def _first_with_key(deps: Deps, org: str, command: IngestEvent):
+    async with org_transaction(deps.pool, org, readonly=True) as conn:
+        return await queries.event_by_idempotency_key(conn, org, command.idempotency_key, command.session_id)
 
 
 def _result(row) -> Ingested:

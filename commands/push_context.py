@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from context_engine.auth import Principal
 from context_engine import validation
 from context_engine.commands.deps import Deps
-from context_engine.commands.session_access import require_writable, session_claimed_elsewhere
+from context_engine.commands.session_access import session_claimed_elsewhere
 from context_engine.events import MEMORY_PUSHED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
+from context_engine.projections.session_projector import OUT_OF_SCOPE
 
 MEMORY_TYPES = ("episodic", "semantic", "working")
 
@@ -40,10 +41,7 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
 
-    await deps.freshness.wait(session_key)
-    async with org_transaction(deps.pool, org) as conn:
-        require_writable(await queries.get_session(conn, org, command.session_id), principal.scope,
-                         command.session_id)
+    await deps.owners.require_writable(principal.scope, command.session_id)
 
     event = Event(
         type=MEMORY_PUSHED, scope=principal.scope, actor=principal.subject,
@@ -57,8 +55,11 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
             "content_sha256": sha256_hex(command.content),
         },
     )
-    await deps.append(event, session_key)
-    async with org_transaction(deps.pool, org) as conn:
-        if await queries.memory_by_event_id(conn, org, event.event_id) is None:
-            raise session_claimed_elsewhere(command.session_id)
+    outcome = await deps.append(event, session_key)
+    if outcome == OUT_OF_SCOPE:
+        raise session_claimed_elsewhere(command.session_id)
+    if outcome is None:  # the outcome was not announced: read it back
+        async with org_transaction(deps.pool, org, readonly=True) as conn:
+            if await queries.memory_by_event_id(conn, org, event.event_id) is None:
+                raise session_claimed_elsewhere(command.session_id)
     return Pushed(event.payload["content_sha256"], event.occurred)

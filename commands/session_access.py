@@ -3,7 +3,13 @@ below it. Siblings and other branches may not, whatever ids they send."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
+import asyncpg
+
 from context_engine.errors import NotFound, PermissionDenied
+from context_engine.projections import queries
+from context_engine.projections.database import org_transaction
 from context_engine.scope import Scope
 
 
@@ -11,12 +17,12 @@ def owner_scope(session) -> Scope:
     return Scope(*session.scope_path.split("/"))
 
 
-def require_readable(session_row, caller: Scope, session_id: str):
+def require_readable(session, caller: Scope, session_id: str):
     """A session the caller may not see is reported as absent, not as forbidden."""
-    if session_row is None or not caller.is_within(owner_scope(session_row)):
+    if session is None or not caller.is_within(owner_scope(session)):
         raise NotFound(f"session {session_id!r} not found", reason="SESSION_NOT_FOUND",
                        metadata={"field": "session_id"})
-    return session_row
+    return session
 
 
 def session_claimed_elsewhere(session_id: str) -> PermissionDenied:
@@ -24,6 +30,30 @@ def session_claimed_elsewhere(session_id: str) -> PermissionDenied:
                             reason="SESSION_OUT_OF_SCOPE", metadata={"field": "session_id"})
 
 
-def require_writable(session_row, caller: Scope, session_id: str) -> None:
-    if session_row is not None and not caller.is_within(owner_scope(session_row)):
-        raise session_claimed_elsewhere(session_id)
+class SessionOwners:
+    """Owner scope per session, remembered: a session's owner never changes once its first
+    event is projected, so the write path checks it without a database round trip."""
+
+    def __init__(self, pool: asyncpg.Pool, capacity: int = 100_000) -> None:
+        self._pool = pool
+        self._capacity = capacity
+        self._known: OrderedDict[tuple[str, str], Scope] = OrderedDict()
+
+    async def owner(self, org_id: str, session_id: str) -> Scope | None:
+        key = (org_id, session_id)
+        if (scope := self._known.get(key)) is not None:
+            self._known.move_to_end(key)
+            return scope
+        async with org_transaction(self._pool, org_id, readonly=True) as conn:
+            session = await queries.get_session(conn, org_id, session_id)
+        if session is None:  # not created yet: the projector settles who creates it
+            return None
+        scope = self._known[key] = owner_scope(session)
+        if len(self._known) > self._capacity:
+            self._known.popitem(last=False)
+        return scope
+
+    async def require_writable(self, caller: Scope, session_id: str) -> None:
+        owner = await self.owner(caller.org_id, session_id)
+        if owner is not None and not caller.is_within(owner):
+            raise session_claimed_elsewhere(session_id)

@@ -10,6 +10,8 @@ import datetime as dt
 import os
 import pathlib
 import secrets
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import jwt
@@ -20,6 +22,7 @@ from context_engine.errors import Unauthenticated
 from context_engine.scope import Scope
 
 REQUIRED_CLAIMS = ("sub", "org_id", "clearance", "exp")
+VERIFIED_CACHE_SIZE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +82,22 @@ class TokenVerifier:
         self._issuer = settings.jwt_issuer
         self._audience = settings.jwt_audience
         self._leeway = settings.jwt_leeway_seconds
+        # Agents send the same token on every call: a verified token is remembered until it expires.
+        self._verified: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
 
     def verify(self, token: str) -> Principal:
+        if (hit := self._verified.get(token)) is not None:
+            principal, expires = hit
+            if time.time() < expires + self._leeway:
+                return principal
+            del self._verified[token]
+        principal, expires = self._decode(token)
+        self._verified[token] = (principal, expires)
+        if len(self._verified) > VERIFIED_CACHE_SIZE:
+            self._verified.popitem(last=False)
+        return principal
+
+    def _decode(self, token: str) -> tuple[Principal, float]:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.InvalidTokenError as exc:
@@ -101,7 +118,7 @@ class TokenVerifier:
             raise Unauthenticated("token signature does not verify", reason="TOKEN_BAD_SIGNATURE") from exc
         except jwt.InvalidTokenError as exc:
             raise Unauthenticated(f"token rejected: {exc}", reason="TOKEN_INVALID") from exc
-        return _principal(claims)
+        return _principal(claims), float(claims["exp"])
 
 
 def _principal(claims: dict) -> Principal:

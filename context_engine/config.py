@@ -66,6 +66,8 @@ class Settings(BaseSettings):
 
     # gRPC servers.
     grpc_max_message_bytes: int = 8 * 1024 * 1024
+    # No call may hang: a handler still running after this is cancelled (DEADLINE_EXCEEDED).
+    rpc_timeout_seconds: float = 30.0
     shutdown_grace_seconds: float = 5.0
 
     # The detector is an internal sidecar: optional shared token required from callers.

@@ -32,6 +32,7 @@ from context_engine.streams.topics import LogTopics, ensure_topics
 
 DATABASE_NAME = "context_engine"
 READY_TIMEOUT_S = 60.0
+BROKER_RESTARTS_PER_MINUTE = 10
 
 
 @dataclass
@@ -147,12 +148,32 @@ class Stack:
     # -- run -------------------------------------------------------------------------------
     def monitor(self) -> int:
         while not self.stopping.wait(0.2):
+            if self.broker is not None and not self.broker.is_running():
+                if not self._restart_broker():
+                    return 1
             for child in self.children:
                 if child.exited is not None:
                     self.say(f"{child.name} exited with {child.exited}; stopping the stack "
                              f"(see {child.log_path})")
                     return 1
         return 0
+
+    def _restart_broker(self) -> bool:
+        """The embedded broker keeps nothing worth keeping (memory storage): when it dies, start
+        it again on the same port; the API holds appends and restores the log from the archive.
+        Measured: the bundled tansu can crash (SIGSEGV) answering a produce that reaches it in
+        its first milliseconds, so a restart may need a second try."""
+        now = time.monotonic()
+        self.broker_restarts = [t for t in getattr(self, "broker_restarts", []) if now - t < 60] + [now]
+        if len(self.broker_restarts) > BROKER_RESTARTS_PER_MINUTE:
+            self.say(f"broker died {len(self.broker_restarts)} times in a minute; stopping the stack")
+            return False
+        self.say("broker exited; restarting it (the API restores the log from the archive)")
+        try:
+            self.broker.restart()
+        except Exception as exc:  # it may crash again at once: the next pass retries
+            self.say(f"broker restart failed: {str(exc).splitlines()[0]}")
+        return True
 
     # -- stop ------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -104,7 +104,7 @@ async def project_batch(pool: asyncpg.Pool, records: list[LogRecord]) -> None:
     """Apply one batch and announce its events, atomically: NOTIFY is delivered at commit."""
     async with pool.acquire() as conn, conn.transaction():
         applied = await apply_batch(conn, records)
-        for payload in archived_payloads([a.event_id for a in applied]):
+        for payload in archived_payloads([(a.event_id, a.outcome) for a in applied]):
             await conn.execute("SELECT pg_notify($1, $2)", ARCHIVED_CHANNEL, payload)
 
 

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 import asyncpg
 import structlog
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from context_engine.errors import Unavailable
 from context_engine.events import Event
-from context_engine.streams.topics import LogTopics, existing_topics
+from context_engine.streams.topics import LogTopics
 
 log = structlog.get_logger("context_engine.log")
 
@@ -37,37 +38,68 @@ class LogPosition:
     offset: int
 
 
-# NOTIFY payloads are limited to 8,000 bytes: at most this many event ids per notification.
-IDS_PER_NOTIFICATION = 200
+# NOTIFY payloads are limited to 8,000 bytes: at most this many "event_id:OUTCOME" per notification.
+IDS_PER_NOTIFICATION = 120
 
 
-def archived_payloads(event_ids: list[str]) -> list[str]:
-    """The notifications announcing one committed batch: its event ids, comma-separated.
+def archived_payloads(outcomes: list[tuple[str, str]]) -> list[str]:
+    """The notifications announcing one committed batch: each event id with what the projector
+    did with it (APPLIED, DUPLICATE, OUT_OF_SCOPE…), so the waiting command knows its result
+    without reading it back.
 
     Ids, not offsets: after a memory-only broker is restored, offsets are reused, and a
     notification about a restored record at "my" offset must never acknowledge my event."""
-    return [",".join(event_ids[i:i + IDS_PER_NOTIFICATION])
-            for i in range(0, len(event_ids), IDS_PER_NOTIFICATION)]
+    items = [f"{event_id}:{outcome}" for event_id, outcome in outcomes]
+    return [",".join(items[i:i + IDS_PER_NOTIFICATION]) for i in range(0, len(items), IDS_PER_NOTIFICATION)]
 
 
 class EventLog:
-    """The producer the command handlers share."""
+    """The producer the command handlers share, fenced by a LogGuard.
 
-    def __init__(self, bootstrap: str, topics: LogTopics, guard: "LogGuard | None" = None,
-                 hold_timeout: float = 5.0) -> None:
+    While the guard holds the log (at start, and from the moment the broker is lost until the
+    log is restored), appends wait at the gate and the producer does not exist: a producer that
+    outlived a broker restart would retry its in-flight batches against the fresh broker before
+    the topics are back, which the bundled broker loses silently, or answers by crashing
+    (measured: a segfault while serialising the ProduceResponse)."""
+
+    def __init__(self, bootstrap: str, topics: LogTopics, recover, *, hold_timeout: float = 5.0,
+                 watch_interval: float = 0.05) -> None:
         self.topics = topics
-        self._guard = guard
+        self._bootstrap = bootstrap
         self._hold_timeout = hold_timeout
-        # No idempotent producer on the bundled broker; a retried send may duplicate a record,
-        # which the projector drops by event_id.
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=1,
-                                          enable_idempotence=False, request_timeout_ms=10_000)
+        self._producer: AIOKafkaProducer | None = None
+        self.guard = LogGuard(bootstrap, topics, recover, open_log=self._open, close_log=self._close,
+                              interval=watch_interval)
 
     async def start(self) -> None:
-        await self._producer.start()
+        await self.guard.start()
 
     async def stop(self) -> None:
-        await self._producer.stop()
+        await self.guard.stop()
+        await self._close()
+
+    async def _open(self) -> None:
+        # No idempotent producer on the bundled broker; a retried send may duplicate a record,
+        # which the projector drops by event_id.
+        # A long retry backoff keeps a batch whose connection died from being re-sent before the
+        # guard (polling every 50 ms) has noticed the broker is gone and dropped this producer.
+        producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks="all", linger_ms=1,
+                                    enable_idempotence=False, request_timeout_ms=5_000,
+                                    retry_backoff_ms=1_000)
+        await producer.start()
+        self._producer = producer
+
+    async def _close(self) -> None:
+        """Drop the producer without flushing: its batches must never reach a restarted broker.
+        Their senders time out in `_send` and are answered UNAVAILABLE (never acknowledged)."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        sender = producer._sender  # aiokafka has no public abort; stop() would flush
+        if sender is not None and sender.sender_task is not None:
+            sender.sender_task.cancel()
+        with contextlib.suppress(Exception):
+            await producer.client.close()
 
     async def append(self, event: Event) -> LogPosition:
         return await self._send(self.topics.events, event.to_bytes(), event.aggregate.encode())
@@ -76,16 +108,19 @@ class EventLog:
         return await self._send(topic, value, key.encode())
 
     async def _send(self, topic: str, value: bytes, key: bytes) -> LogPosition:
-        if self._guard is not None:
-            await self._guard.wait_ready(self._hold_timeout)
         try:
-            async for attempt in AsyncRetrying(retry=retry_if_exception_type(KafkaError),
+            async for attempt in AsyncRetrying(retry=retry_if_exception_type((KafkaError, asyncio.TimeoutError)),
                                                stop=stop_after_attempt(3),
                                                wait=wait_exponential(multiplier=0.05, max=1.0), reraise=True):
                 with attempt:
-                    meta = await self._producer.send_and_wait(topic, value, key=key)
-        except KafkaError as exc:
-            raise Unavailable(f"the event log is unavailable: {exc}", reason="LOG_UNAVAILABLE") from exc
+                    await self.guard.wait_ready(self._hold_timeout)
+                    producer = self._producer
+                    if producer is None:  # lost between the gate and here
+                        raise KafkaError("the log is being recovered")
+                    meta = await asyncio.wait_for(producer.send_and_wait(topic, value, key=key),
+                                                  self._hold_timeout)
+        except (KafkaError, asyncio.TimeoutError) as exc:
+            raise Unavailable(f"the event log is unavailable: {exc!r}", reason="LOG_UNAVAILABLE") from exc
         return LogPosition(meta.topic, meta.partition, meta.offset)
 
 
@@ -109,17 +144,19 @@ class ArchiveWatch:
                 await self._conn.close()
 
     def _on_notify(self, _conn, _pid, _channel, payload: str) -> None:
-        for event_id in payload.split(","):
+        for item in payload.split(","):
+            event_id, _, outcome = item.partition(":")
             future = self._waiters.get(event_id)
             if future is not None and not future.done():
-                future.set_result(None)
+                future.set_result(outcome)
 
     def expect(self, event_id: str) -> None:
         """Register interest before appending, so a notification cannot arrive unheard."""
         self._waiters[event_id] = asyncio.get_running_loop().create_future()
 
-    async def wait(self, event_id: str, org_id: str, position: LogPosition, *, timeout: float) -> None:
-        """Return once the event is archived (and projected: one transaction)."""
+    async def wait(self, event_id: str, org_id: str, position: LogPosition, *, timeout: float) -> str | None:
+        """Return once the event is archived (and projected: one transaction): the projector's
+        outcome, or None when the archive was asked directly and the caller must read back."""
         future = self._waiters.get(event_id) or asyncio.get_running_loop().create_future()
         self._waiters[event_id] = future
         deadline = time.monotonic() + timeout
@@ -132,11 +169,10 @@ class ArchiveWatch:
                         f"@{position.offset} but not archived within {timeout:.1f}s; it is not "
                         "acknowledged, retry with the same idempotency-key", reason="NOT_DURABLE_YET")
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(future), min(self._poll, remaining))
-                    return
+                    return await asyncio.wait_for(asyncio.shield(future), min(self._poll, remaining))
                 # A notification can be missed (the listening connection dropped): ask directly.
                 if await self._archived(event_id, org_id):
-                    return
+                    return None
         finally:
             self._waiters.pop(event_id, None)
 
@@ -150,35 +186,49 @@ class ArchiveWatch:
 
 
 class LogGuard:
-    """Holds appends until the broker is known to hold the log, at start and after the broker
+    """Opens the log only when the broker is known to hold it: at start, and after the broker
     restarts.
 
-    A memory-only broker comes back empty; a produce that reaches it before its topic is
-    re-created is acknowledged by the broker and then lost (shared/ENVIRONMENT.md). So the guard
-    watches the topic list (an all-topics Metadata request creates nothing); when the domain
-    topic is missing it closes the gate, re-creates the topics, restores the log from the
-    archive, and opens the gate again. Appends in flight at the moment of a crash may still be
-    lost by the broker; they are never archived, so they are never acknowledged."""
+    A memory-only broker comes back empty. The guard asks for the topic list every `interval`
+    (an all-topics Metadata request creates nothing) over one long-lived client; the moment
+    the broker is unreachable or the domain topic is gone it closes the gate and drops the
+    producer, then re-creates the topics, restores the log from the archive, opens a fresh
+    producer and opens the gate. Appends that were in flight at the crash are never archived,
+    so they are never acknowledged."""
 
-    def __init__(self, bootstrap: str, topics: LogTopics, recover, *, interval: float = 0.2) -> None:
+    def __init__(self, bootstrap: str, topics: LogTopics, recover, *, open_log, close_log,
+                 interval: float = 0.05) -> None:
         self._bootstrap = bootstrap
         self._topics = topics
         self._recover = recover  # async () -> None: ensure topics, restore from the archive
+        self._open_log = open_log
+        self._close_log = close_log
         self._interval = interval
         self._ready = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        self._stopping = False
         self.recoveries = 0
 
     async def start(self) -> None:
         await self._recover()
+        await self._open_log()
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, request_timeout_ms=1000)
+        await self._admin.start()
         self._ready.set()
         self._task = asyncio.create_task(self._watch(), name="log-guard")
 
     async def stop(self) -> None:
+        # A flag as well as cancel(): on Python 3.11 a wait_for that completes as it is cancelled
+        # can swallow the cancellation, and the loop would go on. asyncio.wait never suppresses
+        # our own caller's cancellation, unlike awaiting the task under suppress(CancelledError).
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=2.0)
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await self._admin.close()
 
     async def wait_ready(self, timeout: float) -> None:
         if self._ready.is_set():
@@ -189,24 +239,29 @@ class LogGuard:
             raise Unavailable("the event log is being recovered after a broker restart; retry shortly",
                               reason="LOG_RECOVERING") from None
 
+    async def _log_present(self) -> bool:
+        try:
+            topics = await asyncio.wait_for(self._admin.describe_topics(None), 0.25)
+        except Exception:
+            return False
+        return any(t["topic"] == self._topics.events and t["error_code"] == 0 for t in topics)
+
     async def _watch(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self._interval)
-            try:
-                present = self._topics.events in await existing_topics(self._bootstrap)
-            except Exception as exc:  # broker down: hold appends until it is back and restored
-                present = False
-                log.warning("broker unreachable", error=str(exc))
-            if present:
+            if await self._log_present():
                 continue
             self._ready.clear()
-            while True:
+            await self._close_log()
+            log.warning("broker lost or emptied: appends held until the log is restored")
+            while not self._stopping:
                 try:
                     await self._recover()
+                    await self._open_log()
                     break
                 except Exception as exc:
                     log.warning("log recovery failed; retrying", error=str(exc))
-                    await asyncio.sleep(self._interval)
+                    await asyncio.sleep(0.2)
             self.recoveries += 1
-            log.warning("log recovered after broker restart", recoveries=self.recoveries)
+            log.warning("log recovered", recoveries=self.recoveries)
             self._ready.set()

@@ -58,16 +58,6 @@ async def ensure_topics(
         await admin.close()
 
 
-async def existing_topics(bootstrap: str, timeout: float = 2.0) -> dict[str, int]:
-    """Every topic and its partition count, through an all-topics Metadata request (creates nothing)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
-    await admin.start()
-    try:
-        return await _partition_counts(admin)
-    finally:
-        await admin.close()
-
-
 async def _partition_counts(admin: AIOKafkaAdminClient) -> dict[str, int]:
     """Partition count of every topic whose metadata is complete (all-topics request)."""
     return {t["topic"]: len(t["partitions"])

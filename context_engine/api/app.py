@@ -3,6 +3,7 @@ archive watch live as long as the server, opened before it serves and closed aft
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -14,11 +15,12 @@ from context_engine.api.interceptors import Authentication, ErrorsAndAccessLog
 from context_engine.api.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
 from context_engine.auth import TokenVerifier
 from context_engine.commands.deps import Deps
+from context_engine.commands.session_access import SessionOwners
 from context_engine.config import Settings
 from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import APP_ROLE, app_url
 from context_engine.streams.freshness import SessionFreshness
-from context_engine.streams.log import ArchiveWatch, EventLog, LogGuard
+from context_engine.streams.log import ArchiveWatch, EventLog
 from context_engine.streams.restore import restore_if_behind
 from context_engine.streams.topics import LogTopics, ensure_topics
 
@@ -49,22 +51,28 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
         if settings.restore_log_from_archive:
             await restore_if_behind(settings.kafka_bootstrap, topics.events, admin)
 
-    guard = LogGuard(settings.kafka_bootstrap, topics, recover)
     url = api_database_url(settings)
     pool = await create_pool(url, min_size=2, max_size=16)
-    event_log = EventLog(settings.kafka_bootstrap, topics, guard, hold_timeout=settings.ack_timeout_seconds)
+    event_log = EventLog(settings.kafka_bootstrap, topics, recover, hold_timeout=settings.ack_timeout_seconds)
     watch = ArchiveWatch(url, pool)
     try:
-        await guard.start()
         await event_log.start()
         await watch.start()
-        yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool)
+        yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool,
+                   SessionOwners(pool))
     finally:
         await watch.stop()
         await event_log.stop()
-        await guard.stop()
-        await pool.close()
-        await admin.close()
+        await close_pool(pool)
+        await close_pool(admin)
+
+
+async def close_pool(pool, grace: float = 5.0) -> None:
+    """Close gracefully, but never hang a shutdown on a connection a cancelled call still holds."""
+    try:
+        await asyncio.wait_for(pool.close(), grace)
+    except (asyncio.TimeoutError, Exception):
+        pool.terminate()
 
 
 def build_api_server(settings: Settings, deps: Deps, address: str | None = None) -> HostedServer:
@@ -73,7 +81,7 @@ def build_api_server(settings: Settings, deps: Deps, address: str | None = None)
         SERVICE_NAME, lambda server: context_pb2_grpc.add_ContextEngineServicer_to_server(servicer, server))
     return build_server(
         address or settings.api_address, [binding],
-        interceptors=[ErrorsAndAccessLog(), Authentication(TokenVerifier(settings))],
+        interceptors=[ErrorsAndAccessLog(settings.rpc_timeout_seconds), Authentication(TokenVerifier(settings))],
         max_message_bytes=settings.grpc_max_message_bytes,
     )
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hmac
 import time
@@ -61,6 +62,9 @@ def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
 
 
 class ErrorsAndAccessLog(grpc.aio.ServerInterceptor):
+    def __init__(self, max_handler_seconds: float = 30.0) -> None:
+        self._max_seconds = max_handler_seconds
+
     async def intercept_service(self, continuation, details):
         method = details.method
 
@@ -69,7 +73,14 @@ class ErrorsAndAccessLog(grpc.aio.ServerInterceptor):
                 started = time.perf_counter()
                 code = grpc.StatusCode.OK
                 try:
-                    return await behavior(request, context)
+                    try:
+                        async with asyncio.timeout(self._max_seconds):
+                            return await behavior(request, context)
+                    except TimeoutError as exc:  # no call may hang: say where it was stuck
+                        log.error("handler exceeded its time", method=method, seconds=self._max_seconds,
+                                  exc_info=exc.__context__ or exc)
+                        raise errors.DeadlineExceeded(
+                            f"the server gave up after {self._max_seconds:.0f}s", reason="HANDLER_TIMEOUT") from exc
                 except errors.DomainError as exc:
                     status = status_for(exc)
                     code = status.code
@@ -108,11 +119,10 @@ class Authentication(grpc.aio.ServerInterceptor):
             async def authenticated(request, context):
                 principal = self._authenticate(context)
                 _check_scope(request, principal)
-                token = _principal.set(principal)
-                try:
-                    return await behavior(request, context)
-                finally:
-                    _principal.reset(token)
+                # Each call runs in its own task with its own context: no reset is needed, and
+                # leaving it set lets the access log name the caller.
+                _principal.set(principal)
+                return await behavior(request, context)
 
             return authenticated
 

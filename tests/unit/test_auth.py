@@ -107,3 +107,16 @@ def test_asymmetric_production_keys(tmp_path, alg, make_key):
     with pytest.raises(Unauthenticated) as err:
         TokenVerifier(settings).verify(jwt.encode(claims, other, algorithm=alg))
     assert err.value.reason == "TOKEN_BAD_SIGNATURE"
+
+
+def test_a_remembered_token_still_expires(settings):
+    key = ensure_dev_key(settings.hs256_key_path)
+    verifier = TokenVerifier(settings)
+    # exp + leeway is one second from now: valid now, expired after the sleep.
+    issued = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=3600 - 1 + settings.jwt_leeway_seconds)
+    token = mint_token(key, org="acme", clearance=1, now=issued)
+    assert verifier.verify(token).scope == Scope("acme")
+    import time
+    time.sleep(1.5)
+    with pytest.raises(Unauthenticated):
+        verifier.verify(token)

@@ -1,0 +1,187 @@
+"""Ingest benchmark: concurrent clients call IngestEvent on a real stack for a fixed time.
+
+Starts `context-engine up` in a scratch data directory (embedded PostgreSQL + tansu + worker +
+API as separate processes, exactly as a user runs it), then drives it through gRPC with minted
+tokens. Reports acknowledged events/s, acknowledgement latency p50/p95/p99 (an event is
+acknowledged once archived and projected), projection lag p50/p95 (archived_at - occurred_at),
+and the replay rate of everything written, from the broker's log and from the archive.
+
+    .venv/bin/python bench/ingest.py                 # 16 clients, 60 s
+    .venv/bin/python bench/ingest.py --clients 4 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import asyncpg
+import grpc
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
+
+from context_engine.auth import ensure_dev_key, mint_token
+from context_engine.streams.replay import create_database, read_archive, read_log, replay
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def machine() -> str:
+    cpu = "unknown cpu"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+class Stack:
+    def __init__(self, home: pathlib.Path) -> None:
+        self.home = home
+        self.api_port, self.detector_port = free_port(), free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
+        env["CONTEXT_ENGINE_LOG_LEVEL"] = "WARNING"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "context_engine.cli", "up", "--data-dir", str(home),
+             "--api-port", str(self.api_port), "--detector-port", str(self.detector_port)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+    def wait_serving(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        for line in self.proc.stdout:
+            if "SERVING after" in line:
+                return
+            if time.monotonic() > deadline:
+                break
+        raise RuntimeError("stack did not start")
+
+    def endpoints(self) -> dict[str, str]:
+        return json.loads((self.home / "run" / "stack.json").read_text())
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+async def drive(port: int, token: str, org: str, clients: int, seconds: float, payload: bytes) -> list[float]:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    stub = context_pb2_grpc.ContextEngineStub(channel)
+    metadata = (("authorization", f"Bearer {token}"),)
+    scope = pb.ScopePath(org_id=org)
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.monotonic() + seconds
+
+    async def client(i: int) -> None:
+        nonlocal errors
+        n = 0
+        while time.monotonic() < deadline:
+            request = pb.IngestEventRequest(scope=scope, session_id=f"session-{i % 10}", event_type="message",
+                                            content=payload + f" #{i}-{n}".encode(), metadata={"role": "user"})
+            started = time.perf_counter()
+            try:
+                await stub.IngestEvent(request, metadata=metadata)
+                latencies.append(time.perf_counter() - started)
+            except grpc.aio.AioRpcError:
+                errors += 1
+            n += 1
+
+    # Warm-up: the worker joins its consumer group in a few seconds.
+    warm_deadline = time.monotonic() + 60
+    while True:
+        try:
+            await stub.IngestEvent(pb.IngestEventRequest(scope=scope, session_id="warmup", event_type="message",
+                                                         content=b"warm"), metadata=metadata)
+            break
+        except grpc.aio.AioRpcError:
+            if time.monotonic() > warm_deadline:
+                raise
+    deadline = time.monotonic() + seconds
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    await channel.close()
+    if errors:
+        print(f"errors: {errors}")
+    return latencies
+
+
+async def lag(database_url: str, org: str) -> list[float]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT extract(epoch FROM archived_at - occurred_at) AS lag FROM event_archive "
+                                "WHERE org_id = $1", org)
+        return [float(r["lag"]) for r in rows]
+    finally:
+        await conn.close()
+
+
+async def replay_rates(endpoints: dict[str, str], topic: str) -> dict[str, tuple[int, float]]:
+    rates = {}
+    for name, records in (("log", read_log(endpoints["kafka_bootstrap"], topic)),
+                          ("archive", read_archive(endpoints["database_url"], topic))):
+        target = await create_database(endpoints["database_url"], f"bench_replay_{name}")
+        report = await replay(records, target)
+        rates[name] = (report.events, report.rate)
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--payload-bytes", type=int, default=200)
+    args = parser.parse_args()
+
+    home = pathlib.Path(tempfile.mkdtemp(prefix="context-engine-bench-"))
+    stack = Stack(home)
+    try:
+        stack.wait_serving()
+        endpoints = stack.endpoints()
+        org = "bench"
+        token = mint_token(ensure_dev_key(home / "keys" / "jwt-hs256.key"), org=org, clearance=1,
+                           ttl=__import__("datetime").timedelta(hours=2))
+        payload = (b'{"role": "user", "text": "' + b"x" * max(0, args.payload_bytes - 30) + b'"}')
+        latencies = asyncio.run(drive(stack.api_port, token, org, args.clients, args.seconds, payload))
+        lags = asyncio.run(lag(endpoints["database_url"], org))
+        rates = asyncio.run(replay_rates(endpoints, "context-engine.events"))
+    finally:
+        stack.stop()
+
+    ms = [x * 1000 for x in latencies]
+    print(f"machine: {machine()}")
+    print(f"settings: {args.clients} clients, {args.seconds:.0f} s, ~{args.payload_bytes} B content, "
+          "embedded PostgreSQL 18 + tansu, 4 partitions, ack after archive+projection")
+    print(f"acknowledged: {len(ms)} events, {len(ms) / args.seconds:,.0f} events/s")
+    print(f"ack latency ms: p50 {percentile(ms, 50):.1f}  p95 {percentile(ms, 95):.1f}  "
+          f"p99 {percentile(ms, 99):.1f}  mean {statistics.fmean(ms):.1f}")
+    lag_ms = [x * 1000 for x in lags]
+    print(f"projection lag ms (archived_at - occurred_at): p50 {percentile(lag_ms, 50):.1f}  "
+          f"p95 {percentile(lag_ms, 95):.1f}")
+    for name, (events, rate) in rates.items():
+        print(f"replay from {name}: {events} events at {rate:,.0f} events/s")
+
+
+if __name__ == "__main__":
+    main()
