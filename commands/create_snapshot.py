@@ -10,7 +10,7 @@ from context_engine import clearance
 from context_engine.auth import Principal
 from context_engine import validation
 from context_engine.commands.deps import Deps
-from context_engine.commands.session_access import require_readable
+from context_engine.commands.session_access import visible_session
 from context_engine.errors import AlreadyExists
 from context_engine.events import SNAPSHOT_CREATED, Event, session_aggregate
 from context_engine.projections import queries
@@ -42,10 +42,7 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
 
-    await deps.freshness.wait(session_key)
-    async with org_transaction(deps.pool, org) as conn:
-        require_readable(await queries.get_session(conn, org, command.session_id), principal.scope,
-                         command.session_id)
+    async with visible_session(deps, principal, command.session_id) as (conn, _):
         if await queries.snapshot_by_name(conn, org, command.session_id, command.snapshot_name):
             raise _taken(command.session_id, command.snapshot_name)
 

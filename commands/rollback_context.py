@@ -10,11 +10,10 @@ from context_engine import clearance
 from context_engine.auth import Principal
 from context_engine import validation
 from context_engine.commands.deps import Deps
-from context_engine.commands.session_access import require_readable
+from context_engine.commands.session_access import visible_session
 from context_engine.errors import NotFound
 from context_engine.events import SESSION_ROLLED_BACK, Event, session_aggregate
 from context_engine.projections import queries
-from context_engine.projections.database import org_transaction
 
 
 @dataclass(frozen=True)
@@ -36,10 +35,7 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
 
-    await deps.freshness.wait(session_key)
-    async with org_transaction(deps.pool, org) as conn:
-        require_readable(await queries.get_session(conn, org, command.session_id), principal.scope,
-                         command.session_id)
+    async with visible_session(deps, principal, command.session_id) as (conn, _):
         if await queries.session_has_version(conn, org, command.session_id,
                                              command.target_version_hash) is None:
             raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",

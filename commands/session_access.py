@@ -3,6 +3,7 @@ below it. Siblings and other branches may not, whatever ids they send."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 
 import asyncpg
@@ -28,6 +29,17 @@ def require_readable(session, caller: Scope, session_id: str):
 def session_claimed_elsewhere(session_id: str) -> PermissionDenied:
     return PermissionDenied(f"session {session_id!r} belongs to another scope",
                             reason="SESSION_OUT_OF_SCOPE", metadata={"field": "session_id"})
+
+
+@contextlib.asynccontextmanager
+async def visible_session(deps, principal, session_id: str):
+    """For commands about an existing session: wait for this process's writes to it, then yield
+    a read-only transaction (app.org_id set) and the session, or NOT_FOUND if the caller may not see it."""
+    org = principal.scope.org_id
+    await deps.freshness.wait(f"{org}/{session_id}")
+    async with org_transaction(deps.pool, org, readonly=True) as conn:
+        yield conn, require_readable(await queries.get_session(conn, org, session_id), principal.scope,
+                                     session_id)
 
 
 class SessionOwners:
