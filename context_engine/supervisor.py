@@ -77,6 +77,7 @@ class Stack:
         self.broker = None
         self.children: list[Child] = []
         self.stopping = threading.Event()
+        self.broker_restarts: list[float] = []  # monotonic times of restarts in the last minute
 
     def say(self, message: str) -> None:
         print(f"[up] {message}", flush=True)
@@ -164,7 +165,7 @@ class Stack:
         Measured: the bundled tansu can crash (SIGSEGV) answering a produce that reaches it in
         its first milliseconds, so a restart may need a second try."""
         now = time.monotonic()
-        self.broker_restarts = [t for t in getattr(self, "broker_restarts", []) if now - t < 60] + [now]
+        self.broker_restarts = [t for t in self.broker_restarts if now - t < 60] + [now]
         if len(self.broker_restarts) > BROKER_RESTARTS_PER_MINUTE:
             self.say(f"broker died {len(self.broker_restarts)} times in a minute; stopping the stack")
             return False

@@ -12,7 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
-from context_engine.api.interceptors import current_principal
+from context_engine.api.interceptors import current_principal, metadata_value
 from context_engine.commands.create_snapshot import CreateSnapshot, create_snapshot
 from context_engine.commands.deps import Deps
 from context_engine.commands.ingest_event import IngestEvent, ingest_event
@@ -43,13 +43,6 @@ def timestamp(moment: dt.datetime) -> Timestamp:
     return ts
 
 
-def _header(context, name: str) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == name:
-            return value if isinstance(value, str) else value.decode()
-    return ""
-
-
 class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -57,7 +50,7 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
     async def IngestEvent(self, request: pb.IngestEventRequest, context) -> pb.IngestEventResponse:
         result = await ingest_event(self.deps, current_principal(), IngestEvent(
             session_id=request.session_id, event_type=request.event_type, content=request.content,
-            metadata=dict(request.metadata), idempotency_key=_header(context, IDEMPOTENCY_HEADER)))
+            metadata=dict(request.metadata), idempotency_key=metadata_value(context, IDEMPOTENCY_HEADER) or ""))
         return pb.IngestEventResponse(event_id=result.event_id, version_hash=result.version_hash,
                                       token_count=result.token_count)
 

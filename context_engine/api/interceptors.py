@@ -54,7 +54,8 @@ def _wrap_unary(handler: grpc.RpcMethodHandler | None,
     )
 
 
-def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+def metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    """The value of one invocation-metadata key, or None."""
     for k, v in context.invocation_metadata() or ():
         if k == key:
             return v if isinstance(v, str) else v.decode()
@@ -129,7 +130,7 @@ class Authentication(grpc.aio.ServerInterceptor):
         return _wrap_unary(await continuation(details), around)
 
     def _authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
-        header = _metadata(context, "authorization")
+        header = metadata_value(context, "authorization")
         if not header:
             raise errors.Unauthenticated("missing authorization metadata (Bearer <JWT>)",
                                          reason="TOKEN_MISSING")
@@ -167,7 +168,7 @@ class ServiceToken(grpc.aio.ServerInterceptor):
 
         def around(behavior: Behavior) -> Behavior:
             async def checked(request, context):
-                given = (_metadata(context, "authorization") or "").encode()
+                given = (metadata_value(context, "authorization") or "").encode()
                 if not hmac.compare_digest(given, self._expected):
                     raise errors.Unauthenticated("detector service token missing or wrong",
                                                  reason="SERVICE_TOKEN_REJECTED")
