@@ -10,6 +10,7 @@ import asyncpg
 from context_engine.commands.session_access import SessionOwners
 from context_engine.config import Settings
 from context_engine.events import Event
+from context_engine.inference.embedder import Embedder
 from context_engine.streams.freshness import SessionFreshness
 from context_engine.streams.log import ArchiveWatch, EventLog
 
@@ -22,6 +23,7 @@ class Deps:
     freshness: SessionFreshness
     pool: asyncpg.Pool
     owners: SessionOwners
+    embedder: Embedder
 
     async def append(self, event: Event, session_key: str) -> str | None:
         """Append and return once the event is archived and projected: the acknowledgement point.

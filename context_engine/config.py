@@ -73,7 +73,31 @@ class Settings(BaseSettings):
     # The detector is an internal sidecar: optional shared token required from callers.
     detector_service_token: SecretStr | None = None
 
+    # Embeddings. "minilm" (all-MiniLM-L6-v2 int8, 384-d, offline) or "openai" (any
+    # OpenAI-compatible /embeddings endpoint). The running embedder defines model_version.
+    embedder: Literal["minilm", "openai"] = "minilm"
+    embedder_url: str | None = None
+    embedder_api_key: SecretStr | None = None
+    embedder_model: str = "text-embedding-3-small"
+    embedder_dimensions: int | None = None
+    embed_cache_ttl_days: int = 30
+    embedding_batch_size: int = 64
+
+    # Retrieval. The floor applied when a Search omits min_score (or sends 0): the strictest
+    # floor the engine has. Fused scores of MiniLM-based retrieval sit far below 0.7
+    # (docs/retrieval.md), so the default is calibrated on that scale. Per-tenant overrides:
+    # {"org-id": 0.5} (JSON in CONTEXT_ENGINE_RETRIEVAL_MIN_SCORE_BY_ORG).
+    retrieval_min_score: float = Field(default=0.35, gt=0.0, le=1.0)
+    retrieval_min_score_by_org: dict[str, float] = {}
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    def tenant_min_score(self, org_id: str) -> float:
+        """The tenant knob retrieval_min_score: the org's override, else the default."""
+        value = self.retrieval_min_score_by_org.get(org_id, self.retrieval_min_score)
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"retrieval_min_score for {org_id!r} must be in (0, 1], got {value}")
+        return value
 
     @property
     def home_dir(self) -> pathlib.Path:

@@ -24,12 +24,14 @@ EVENT_INGESTED = "session.event_ingested"
 MEMORY_PUSHED = "memory.pushed"
 SNAPSHOT_CREATED = "session.snapshot_created"
 SESSION_ROLLED_BACK = "session.rolled_back"
+EMBEDDING_RECORDED = "embedding.recorded"
 
 CURRENT_VERSIONS: dict[str, int] = {
     EVENT_INGESTED: 2,
     MEMORY_PUSHED: 1,
     SNAPSHOT_CREATED: 1,
     SESSION_ROLLED_BACK: 1,
+    EMBEDDING_RECORDED: 1,
 }
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
@@ -56,6 +58,11 @@ def canonical_bytes(value: Any) -> bytes:
 def session_aggregate(org_id: str, session_id: str) -> str:
     """The partition key of every event of one session: their log order is total."""
     return f"session/{org_id}/{session_id}"
+
+
+def embedding_aggregate(org_id: str) -> str:
+    """The partition key of an org's embedding.recorded events."""
+    return f"embedding/{org_id}"
 
 
 def _timestamp(moment: dt.datetime) -> str:

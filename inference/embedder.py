@@ -569,3 +569,12 @@ def build_embedder(kind: str = "minilm", **options: Any) -> Embedder:
     if key in {"openai", "openai-compatible"}:
         return OpenAIEmbedder(**options)
     raise ValueError(f"unknown embedder kind {kind!r}; expected 'minilm' or 'openai'")
+
+
+def embedder_from_settings(settings: Any) -> Embedder:
+    """The configured embedder (context_engine.config.Settings: embedder, embedder_*)."""
+    if settings.embedder == "openai":
+        key = settings.embedder_api_key.get_secret_value() if settings.embedder_api_key else None
+        return OpenAIEmbedder(model=settings.embedder_model, base_url=settings.embedder_url,
+                              api_key=key, dimensions=settings.embedder_dimensions)
+    return MiniLMEmbedder()

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Iterable, Sequence
@@ -85,6 +86,7 @@ import asyncpg
 import orjson
 
 from context_engine.events import (
+    EMBEDDING_RECORDED,
     EVENT_INGESTED,
     MEMORY_PUSHED,
     SESSION_ROLLED_BACK,
@@ -96,6 +98,7 @@ from context_engine.events import (
 from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
 from context_engine.scope import Scope
 
+from .chunk_projection import SEMANTIC, ChunkProjection
 from .records import LogRecord
 
 PROJECTOR = "session"
@@ -131,6 +134,7 @@ class Applied:
     session_id: str | None = None
     seq: int | None = None
     version: str | None = None
+    unembedded: tuple[str, ...] = ()  # chunk ids this event added that still need a vector
 
 
 def session_key(org_id: str, session_id: str) -> str:
@@ -174,6 +178,10 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
                     raise ProjectionError(f"cannot project {_where(records[i])} "
                                           f"({events[i].type} {events[i].event_id}): {exc!r}") from exc
             await applier.finish()
+            unembedded = await applier.chunks.unembedded()
+            for i in indexes:
+                if (r := results[i]) is not None and r.outcome == APPLIED and r.event_id in unembedded:
+                    results[i] = dataclasses.replace(r, unembedded=tuple(unembedded[r.event_id]))
         await _set_org(conn, SYSTEM_ORG)
         await _save_offsets(conn, projector, records)
     return [r for r in results if r is not None]
@@ -397,6 +405,7 @@ class _OrgApplier:
         self.sessions: dict[str, _Session] = {}
         self.used_keys: set[tuple[str, str]] = set()  # (session_id, idempotency_key)
         self.pending = _Pending()
+        self.chunks = ChunkProjection(conn, org_id)
 
     async def load_sessions(self, session_ids: set[str]) -> None:
         if not session_ids:
@@ -441,6 +450,9 @@ class _OrgApplier:
                 str(p["event_type"]), content, _json_text(p.get("metadata") or {}),
                 p.get("content_sha256") or sha256_hex(content), int(p.get("token_count") or 0),
                 version, ev.occurred, key))
+            self.chunks.add(event_id=ev.event_id, source_kind="event", session_id=s.session_id,
+                            scope_path=sc.path, content=content, metadata=p.get("metadata") or {},
+                            created_at=ev.occurred)
             return _applied(rec, ev, APPLIED, s.session_id, seq, version)
         if ev.type == MEMORY_PUSHED:
             content = _content(p)
@@ -454,11 +466,20 @@ class _OrgApplier:
                 p.get("agent_id") or sc.agent_id, sid, seq, str(p["memory_type"]), content,
                 _json_text(p.get("metadata") or {}), p.get("content_sha256") or sha256_hex(content),
                 version, ev.occurred))
+            if p["memory_type"] == SEMANTIC:
+                self.chunks.add(event_id=ev.event_id, source_kind="memory", session_id=sid,
+                                scope_path=sc.path, content=content, metadata=p.get("metadata") or {},
+                                created_at=ev.occurred)
             return _applied(rec, ev, APPLIED, sid, seq, version)
         if ev.type == SNAPSHOT_CREATED:
             return await self._snapshot(rec, ev)
         if ev.type == SESSION_ROLLED_BACK:
             return await self._rollback(rec, ev)
+        if ev.type == EMBEDDING_RECORDED:
+            await self.flush()
+            await self.chunks.record_vectors(event_id=ev.event_id, model_version=p["model_version"],
+                                             vectors=p["vectors"], recorded_at=ev.occurred)
+            return _applied(rec, ev, APPLIED)
         return _applied(rec, ev, IGNORED)  # another projector's event: archived, nothing more
 
     async def finish(self) -> None:
@@ -473,6 +494,7 @@ class _OrgApplier:
     async def flush(self) -> None:
         pending, self.pending = self.pending, _Pending()
         if not pending:
+            await self.chunks.flush()
             return
         if pending.items:
             await self.conn.execute(_INSERT_ITEMS, self.org_id, *_columns(pending.items, 8))
@@ -483,6 +505,7 @@ class _OrgApplier:
             await self.conn.execute(_INSERT_EVENTS, self.org_id, *_columns(pending.events, 15))
         if pending.memories:
             await self.conn.execute(_INSERT_MEMORIES, self.org_id, *_columns(pending.memories, 14))
+        await self.chunks.flush()
 
     # -- chain ------------------------------------------------------------------------------
 
@@ -532,6 +555,7 @@ class _OrgApplier:
                     "FROM unnest($2::uuid[], $3::bool[]) AS u(event_id, active) "
                     "WHERE t.org_id = $1 AND t.event_id = u.event_id",
                     self.org_id, *_columns(rows, 2))
+        await self.chunks.set_active([(r["event_id"], r["active"]) for r in changed])
         s.version, s.seq, s.active_count = target, row["seq"], row["depth"]
         s.updated_at, s.last_event_id, s.dirty = ev.occurred, ev.event_id, True
         return _applied(rec, ev, APPLIED, sid, s.seq, s.version)

@@ -1,11 +1,16 @@
 """The Faust application that runs the stream workers.
 
 Agents:
-- `session-projector` — the archiver and the session read models in one transaction per batch:
-  every domain event is stored verbatim with its topic/partition/offset, then applied to the
-  read models, then the batch is announced with NOTIFY so the API can acknowledge the commands
-  that wrote it. Writes are idempotent on event_id, so redelivery (a crash before the offset
-  commit, a broker that lost its committed offsets) changes nothing.
+- `session-projector` — the archiver and the read models (sessions, memory, chunks) in one
+  transaction per batch: every domain event is stored verbatim with its topic/partition/offset,
+  then applied to the read models, then the batch is announced with NOTIFY so the API can
+  acknowledge the commands that wrote it. Writes are idempotent on event_id, so redelivery (a
+  crash before the offset commit, a broker that lost its committed offsets) changes nothing.
+  Chunks the batch added without a known vector are published as EmbeddingJobs.
+- `embedding-pipeline` — EmbeddingJobs -> `embedding.recorded` events (streams/embedding_pipeline.py).
+- `reindex-worker` — ReindexJobs: re-embed a scope with the running model.
+- a timer sweeps chunks left without a vector (a job lost in a crash) at start and every
+  `SWEEP_INTERVAL_S`.
 
 Timeouts follow what measured well on the bundled broker (shared/ENVIRONMENT.md): a short
 session timeout and heartbeat make a worker ready in ~3 s after a start or a crash. The bundled
@@ -18,16 +23,23 @@ their partition counts before the worker starts, never implicitly by Faust.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 
 import asyncpg
 import faust
 import structlog
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from upsquad.context.v1 import stream_pb2
 
 from context_engine.config import Settings
+from context_engine.events import Event
+from context_engine.inference.embedder import embedder_from_settings
 from context_engine.projections.database import create_pool
 from context_engine.projections.records import LogRecord
-from context_engine.projections.session_projector import apply_batch
+from context_engine.projections.session_projector import Applied, apply_batch
+from context_engine.scope import Scope
+from context_engine.streams.embedding_pipeline import EmbeddingPipeline
+from context_engine.streams.jobs import embedding_job, open_envelope, scope_of
 from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
 from context_engine.streams.topics import LogTopics, ensure_topics
 
@@ -36,6 +48,9 @@ log = structlog.get_logger("context_engine.worker")
 APP_ID = "context-engine-workers"
 BATCH_MAX = 500
 BATCH_WITHIN_S = 0.002
+JOB_BATCH_MAX = 64
+JOB_BATCH_WITHIN_S = 0.02
+SWEEP_INTERVAL_S = 30.0
 
 
 def _low_latency_transport(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
@@ -79,15 +94,33 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     )
     app.fetch_max_wait_ms = settings.consumer_fetch_max_wait_ms
     topics = LogTopics.from_settings(settings)
-    events_topic = app.topic(topics.events, key_type=bytes, value_type=bytes,
-                             key_serializer="raw", value_serializer="raw")
-    pool_holder: dict[str, asyncpg.Pool] = {}
+    def raw_topic(name: str):
+        return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+    events_topic = raw_topic(topics.events)
+    embedding_topic = raw_topic(topics.jobs["embedding"])
+    reindex_topic = raw_topic(topics.jobs["reindex"])
+    holder: dict[str, object] = {}
 
     async def pool() -> asyncpg.Pool:
-        if "pool" not in pool_holder:
-            pool_holder["pool"] = await create_pool(settings.database_url, org_scoped=False,
-                                                    min_size=1, max_size=2)
-        return pool_holder["pool"]
+        if "pool" not in holder:
+            holder["pool"] = await create_pool(settings.database_url, org_scoped=False,
+                                               min_size=1, max_size=4)
+        return holder["pool"]
+
+    async def send_event(event: Event) -> None:
+        delivered = await events_topic.send(key=event.aggregate.encode(), value=event.to_bytes())
+        await delivered
+
+    async def pipeline() -> EmbeddingPipeline:
+        if "pipeline" not in holder:
+            db = await pool()
+            embedder = embedder_from_settings(settings)
+            if embedder.dimension and embedder.dimension != 384:
+                await db.execute("SELECT ensure_vector_index($1)", embedder.dimension)
+            holder["pipeline"] = EmbeddingPipeline(db, embedder, send_event,
+                                                   batch_size=settings.embedding_batch_size)
+        return holder["pipeline"]  # type: ignore[return-value]
 
     @app.agent(events_topic, name="session-projector")
     async def session_projector(stream):
@@ -95,17 +128,69 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
             records = [LogRecord(e.message.topic, e.message.partition, e.message.offset, e.value)
                        for e in batch]
-            await project_batch(db, records)
+            for applied in await project_batch(db, records):
+                if applied.unembedded:
+                    job = embedding_job(Scope(applied.org_id), applied.event_id, list(applied.unembedded))
+                    await embedding_topic.send(key=job.key, value=job.value)
+
+    @app.agent(embedding_topic, name="embedding-pipeline")
+    async def embedding_agent(stream):
+        p = await pipeline()
+        async for batch in stream.take(JOB_BATCH_MAX, within=JOB_BATCH_WITHIN_S):
+            by_org: dict[str, list[str]] = {}
+            for raw in batch:
+                env, job = open_envelope(raw, stream_pb2.EmbeddingJob)
+                by_org.setdefault(env.scope.org_id, []).extend(job.chunk_ids)
+            await _embed_orgs(p, by_org)
+
+    @app.agent(reindex_topic, name="reindex-worker")
+    async def reindex_agent(stream):
+        p = await pipeline()
+        async for raw in stream:
+            _env, job = open_envelope(raw, stream_pb2.ReindexJob)
+            scope = scope_of(job.scope)
+            if job.new_model_version and job.new_model_version != p.model_version:
+                log.error("reindex refused: the running embedder is another model", scope=scope.path,
+                          asked=job.new_model_version, running=p.model_version)
+                continue
+            try:
+                n = await p.reindex(scope)
+                log.info("reindexed", scope=scope.path, contents=n, model_version=p.model_version)
+            except Exception:
+                log.exception("reindex failed", scope=scope.path)
+
+    async def sweep(older_than: dt.timedelta) -> None:
+        p = await pipeline()
+        await _embed_orgs(p, await p.backlog(older_than=older_than))
+
+    @app.timer(SWEEP_INTERVAL_S)
+    async def sweep_backlog():
+        await sweep(dt.timedelta(seconds=SWEEP_INTERVAL_S))
+
+    @app.task
+    async def sweep_at_start():
+        await sweep(dt.timedelta(0))
 
     return app
 
 
-async def project_batch(pool: asyncpg.Pool, records: list[LogRecord]) -> None:
+async def _embed_orgs(p: EmbeddingPipeline, chunk_ids_by_org: dict[str, list[str]]) -> None:
+    """Never crash the agent on an embedder failure: the chunks stay in the backlog and the
+    sweep retries them."""
+    for org_id, ids in chunk_ids_by_org.items():
+        try:
+            await p.embed_chunks(org_id, ids)
+        except Exception:
+            log.exception("embedding failed; left for the backlog sweep", org_id=org_id, chunks=len(ids))
+
+
+async def project_batch(pool: asyncpg.Pool, records: list[LogRecord]) -> list[Applied]:
     """Apply one batch and announce its events, atomically: NOTIFY is delivered at commit."""
     async with pool.acquire() as conn, conn.transaction():
         applied = await apply_batch(conn, records)
         for payload in archived_payloads([(a.event_id, a.outcome) for a in applied]):
             await conn.execute("SELECT pg_notify($1, $2)", ARCHIVED_CHANNEL, payload)
+    return applied
 
 
 def run_worker(settings: Settings, bootstrap: str) -> None:

@@ -17,6 +17,7 @@ from context_engine.auth import TokenVerifier
 from context_engine.commands.deps import Deps
 from context_engine.commands.session_access import SessionOwners
 from context_engine.config import Settings
+from context_engine.inference.embedder import embedder_from_settings
 from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import APP_ROLE, app_url
 from context_engine.streams.freshness import SessionFreshness
@@ -55,12 +56,14 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
     pool = await create_pool(url, min_size=2, max_size=16)
     event_log = EventLog(settings.kafka_bootstrap, topics, recover, hold_timeout=settings.ack_timeout_seconds)
     watch = ArchiveWatch(url, pool)
+    embedder = embedder_from_settings(settings)
     try:
         await event_log.start()
         await watch.start()
         yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool,
-                   SessionOwners(pool))
+                   SessionOwners(pool), embedder)
     finally:
+        await embedder.aclose()
         await watch.stop()
         await event_log.stop()
         await close_pool(pool)

@@ -19,7 +19,9 @@ from context_engine.commands.ingest_event import IngestEvent, ingest_event
 from context_engine.commands.push_context import PushContext, push_context
 from context_engine.commands.rollback_context import RollbackContext, rollback_context
 from context_engine.errors import Unimplemented
+from context_engine.commands.embed_texts import EmbedTexts, embed_texts
 from context_engine.projections.pull_context import PullContext, pull_context
+from context_engine.projections.search import SearchQuery, search
 
 IDEMPOTENCY_HEADER = "idempotency-key"
 
@@ -28,8 +30,6 @@ PENDING: dict[str, str] = {
     "AssembleContext": "issue #5 (assembly and guardrail layers)",
     "Compact": "a later issue (compaction worker)",
     "ValidatePrompt": "issue #5 (assembly and guardrail layers)",
-    "Search": "issue #4 (retrieval)",
-    "Embed": "issue #4 (retrieval)",
     "CreateShare": "a later issue (shares)",
     "RevokeShare": "a later issue (shares)",
     "ListShares": "a later issue (shares)",
@@ -79,6 +79,52 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
             session_id=request.session_id, target_version_hash=request.target_version_hash))
         return pb.RollbackContextResponse(restored_version_hash=result.restored_version_hash,
                                           rolled_back_at=timestamp(result.rolled_back_at))
+
+
+    async def Search(self, request: pb.SearchRequest, context) -> pb.SearchResponse:
+        principal = current_principal()
+        outcome = await search(self.deps.pool, self.deps.embedder, principal.scope, SearchQuery(
+            query=request.query, domain=request.domain, top_k=request.top_k, min_score=request.min_score),
+            self.deps.settings.tenant_min_score(principal.scope.org_id))
+        r = outcome.result
+        return pb.SearchResponse(
+            results=[pb.SearchResult(chunk_id=s.chunk_id, content=s.payload.content, score=s.score,
+                                     source=s.payload.source,
+                                     metadata=search_result_metadata(s, outcome.expansion_applied))
+                     for s in r.results],
+            effective_min_score=r.effective_min_score, results_below_threshold=r.results_below_threshold,
+            outcome=int(r.outcome))
+
+    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        result = await embed_texts(self.deps, self.deps.embedder, current_principal().scope.org_id,
+                                   EmbedTexts(texts=list(request.texts), model_version=request.model_version))
+        return pb.EmbedResponse(
+            embeddings=[pb.EmbeddingVector(values=v.tolist(), cached=c)
+                        for v, c in zip(result.vectors, result.cached)],
+            model_version=result.model_version)
+
+
+def search_result_metadata(scored, expansion_applied: bool) -> dict[str, str]:
+    """The chunk's own metadata plus why it was returned: its provenance and each fused signal
+    (keys under `engine.`; docs/retrieval.md)."""
+    hit = scored.payload
+    meta = {str(k): v if isinstance(v, str) else str(v) for k, v in hit.metadata.items()}
+    meta.update({
+        "engine.source_kind": hit.source_kind,
+        "engine.source_event_id": hit.source_event_id,
+        "engine.session_id": hit.session_id or "",
+        "engine.chunk_index": str(hit.chunk_index),
+        "engine.domain": hit.domain,
+        "engine.scope": hit.scope_path,
+        "engine.created_at": hit.created_at.isoformat(),
+        "engine.score.vector": f"{scored.vector:.6f}",
+        "engine.score.lexical": f"{scored.lexical:.6f}",
+        "engine.score.recency": f"{scored.recency:.6f}",
+        "engine.bm25": f"{hit.bm25:.6f}",
+        "engine.fusion": "hybrid-v1",
+        "engine.expansion_applied": "true" if expansion_applied else "false",
+    })
+    return meta
 
 
 def _pending(method: str):

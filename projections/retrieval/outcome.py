@@ -58,7 +58,7 @@ __all__ = [
 
 OUTCOME_PREFIX = "RETRIEVAL_OUTCOME_"
 DEFAULT_TOP_K = 10
-MAX_TOP_K = 100
+MAX_TOP_K = 256
 
 
 class Outcome(enum.IntEnum):
@@ -197,7 +197,7 @@ def resolve_min_score(requested: float | None, tenant_default: float) -> float:
 
 
 def resolve_top_k(requested: int | None) -> int:
-    """absent/0 -> 10; 1..100 as sent; anything else INVALID_ARGUMENT naming ``top_k``."""
+    """absent/0 -> 10; 1..256 as sent; anything else INVALID_ARGUMENT naming ``top_k``."""
     if requested is None or (not isinstance(requested, bool) and requested == 0):
         return DEFAULT_TOP_K
     if isinstance(requested, bool) or not isinstance(requested, int):

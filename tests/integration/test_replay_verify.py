@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 SESSIONS, EVENTS = 10, 1000
 
 READ_MODELS = ("event_archive", "sessions", "session_items", "session_versions", "session_events",
-               "memory_versions", "snapshots")
+               "memory_versions", "snapshots", "chunks", "chunk_terms", "corpus_stats")
 
 
 def chain_input(session_id: str, content: bytes) -> str:

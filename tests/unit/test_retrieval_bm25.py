@@ -10,6 +10,7 @@ import pytest
 from context_engine.projections.retrieval import bm25
 from context_engine.projections.retrieval.bm25 import (
     CorpusStats, DocumentTerms, analyze, bm25_score, bm25_scores, term_frequencies)
+from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
 
 TOY = ["the cat sat on the mat", "dogs chase the cat", "a bird sang"]
 
@@ -50,19 +51,6 @@ def test_constants_and_idf_formula():
     assert all(bm25.idf(10, df) > 0 for df in range(11))  # never negative, no epsilon floor
 
 
-def _rank_bm25_lucene_idf():
-    rank_bm25 = pytest.importorskip("rank_bm25")
-
-    class LuceneIdf(rank_bm25.BM25Okapi):
-        """rank_bm25's BM25Okapi with its idf replaced by ln(1 + (N - df + .5)/(df + .5))."""
-
-        def _calc_idf(self, nd):
-            for word, freq in nd.items():
-                self.idf[word] = math.log(1 + (self.corpus_size - freq + 0.5) / (freq + 0.5))
-
-    return LuceneIdf
-
-
 def _random_corpus(seed: int, n_docs: int = 40):
     rng = random.Random(seed)
     vocab = [f"w{i}" for i in range(30)]
@@ -72,7 +60,7 @@ def _random_corpus(seed: int, n_docs: int = 40):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_matches_rank_bm25_configured_comparably(seed):
-    LuceneIdf = _rank_bm25_lucene_idf()
+    LuceneIdf = rank_bm25_lucene_idf()
     corpus, vocab, rng = _random_corpus(seed)
     ref = LuceneIdf(corpus, k1=1.2, b=0.75)
     stats = CorpusStats.from_documents(corpus)
@@ -84,7 +72,7 @@ def test_matches_rank_bm25_configured_comparably(seed):
 
 
 def test_real_text_against_rank_bm25():
-    LuceneIdf = _rank_bm25_lucene_idf()
+    LuceneIdf = rank_bm25_lucene_idf()
     texts = [
         "Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
         "Melanie: That's great! I painted a sunrise over the lake last week.",

@@ -167,12 +167,12 @@ def test_effective_min_score_is_never_zero():
 
 
 @pytest.mark.parametrize(("requested", "expected"), [(None, 10), (0, 10), (1, 1), (25, 25),
-                                                     (100, 100)])
+                                                     (100, 100), (256, 256)])
 def test_top_k(requested, expected):
     assert resolve_top_k(requested) == expected
 
 
-@pytest.mark.parametrize("requested", [-1, 101, 10_000, 2.5, True])
+@pytest.mark.parametrize("requested", [-1, 257, 10_000, 2.5, True])
 def test_top_k_out_of_bounds_names_the_field(requested):
     with pytest.raises(InvalidArgument) as e:
         resolve_top_k(requested)

@@ -1,0 +1,213 @@
+"""The retrieval projection: chunks, BM25 postings, corpus statistics and recorded vectors.
+
+Driven by the session projector (`session_projector._OrgApplier`) inside its transaction, so
+chunks appear atomically with the event that produced them and replay rebuilds them the same way:
+
+- `session.event_ingested` -> the event's chunks (every event type);
+- `memory.pushed` with memory_type 'semantic' -> the memory's chunks;
+- `session.rolled_back` -> the chunks of items leaving the state become inactive (and those of
+  items coming back, active again);
+- `embedding.recorded` -> `content_vectors` rows, and the vector on every chunk of the org with
+  that content hash. A new chunk takes its vector from `content_vectors` when its content was
+  embedded before (content-hash dedup), so only content never seen gets an EmbeddingJob, and
+  replay restores vectors without recomputing them: both orders of "chunk, then its vector" and
+  "vector, then a chunk with that content" end in the same rows.
+
+Chunking follows `retrieval.chunking` (a conversation turn stays one chunk unless it is longer
+than 256 cl100k tokens); the chunk's domain is the source's `metadata["domain"]` ("" = none).
+`corpus_stats` holds N and the total document length of searchable chunks per (scope, domain),
+maintained by deltas whenever a chunk enters or leaves the searchable set.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import numpy as np
+import orjson
+
+from context_engine.projections.retrieval.bm25 import term_frequencies
+from context_engine.projections.retrieval.chunking import chunk_content
+
+SEMANTIC = "semantic"
+DOMAIN_KEY = "domain"
+
+
+def vector_to_b64(vector: np.ndarray) -> str:
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+
+
+def vector_from_b64(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<f4")
+
+
+def vector_literal(vector: Iterable[float]) -> str:
+    """pgvector's text form; used with an explicit ::vector cast (no codec registration)."""
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+def _content_type(content: bytes, metadata: dict[str, Any]) -> str:
+    declared = str(metadata.get("content_type") or "")
+    if declared:
+        return declared
+    head = content.lstrip()[:1]
+    return "application/json" if head in (b"{", b"[") else "text/plain"
+
+
+@dataclass
+class _PendingChunks:
+    chunks: list[tuple] = field(default_factory=list)
+    terms: list[tuple] = field(default_factory=list)
+    stats: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+
+class ChunkProjection:
+    """One org's chunk writes within a projector batch."""
+
+    def __init__(self, conn: asyncpg.Connection, org_id: str) -> None:
+        self.conn = conn
+        self.org_id = org_id
+        self.pending = _PendingChunks()
+        self.new_chunks: dict[str, list[str]] = {}  # source event_id -> chunk ids added
+
+    def add(self, *, event_id: str, source_kind: str, session_id: str | None, scope_path: str,
+            content: bytes, metadata: dict[str, Any], created_at: dt.datetime) -> None:
+        domain = str(metadata.get(DOMAIN_KEY) or "")
+        chunks = chunk_content(event_id, content, content_type=_content_type(content, metadata))
+        meta_json = orjson.dumps(metadata).decode()
+        ids = []
+        for c in chunks:
+            doc = term_frequencies(c.content)
+            cid = str(c.id)
+            ids.append(cid)
+            self.pending.chunks.append((cid, scope_path, event_id, source_kind, session_id, c.index,
+                                        domain, c.content, c.content_hash, c.token_count,
+                                        doc.length, meta_json, created_at))
+            for term, tf in doc.tf.items():
+                self.pending.terms.append((term, cid, tf, doc.length, scope_path, domain))
+            stat = self.pending.stats[(scope_path, domain)]
+            stat[0] += 1
+            stat[1] += doc.length
+        if ids:
+            self.new_chunks[event_id] = ids
+
+    async def flush(self) -> None:
+        """Write pending chunks; give them vectors already recorded for their content."""
+        pending, self.pending = self.pending, _PendingChunks()
+        if not pending:
+            return
+        cols = list(zip(*pending.chunks))
+        await self.conn.execute(
+            "INSERT INTO chunks (org_id, chunk_id, scope_path, source_event_id, source_kind, "
+            "  session_id, chunk_index, domain, content, content_hash, token_count, term_count, "
+            "  metadata, created_at) "
+            "SELECT $1, u.* FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::text[], $6::text[], "
+            "  $7::int[], $8::text[], $9::text[], $10::text[], $11::int[], $12::int[], "
+            "  $13::text[]::jsonb[], $14::timestamptz[]) AS u "
+            "ON CONFLICT (chunk_id) DO NOTHING",
+            self.org_id, *[list(c) for c in cols])
+        tcols = list(zip(*pending.terms)) if pending.terms else [[] for _ in range(6)]
+        await self.conn.execute(
+            "INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable) "
+            "SELECT $1, u.*, true FROM unnest($2::text[], $3::uuid[], $4::int[], $5::int[], "
+            "  $6::text[], $7::text[]) AS u ON CONFLICT DO NOTHING",
+            self.org_id, *[list(c) for c in tcols])
+        await self._add_stats([(s, d, n, total) for (s, d), (n, total) in pending.stats.items()])
+        await self.conn.execute(
+            "UPDATE chunks c SET embedding = v.embedding, embedding_model = v.model_version "
+            "FROM (SELECT DISTINCT ON (content_hash) content_hash, embedding, model_version "
+            "      FROM content_vectors WHERE org_id = $1 AND content_hash = ANY($3::text[]) "
+            "      ORDER BY content_hash, recorded_at DESC) v "
+            "WHERE c.org_id = $1 AND c.chunk_id = ANY($2::uuid[]) AND c.content_hash = v.content_hash",
+            self.org_id, list(cols[0]), sorted(set(cols[8])))
+
+    async def unembedded(self) -> dict[str, list[str]]:
+        """Chunks added in this batch still without a vector, by source event id."""
+        if not self.new_chunks:
+            return {}
+        ids = [cid for cids in self.new_chunks.values() for cid in cids]
+        rows = await self.conn.fetch(
+            "SELECT source_event_id, chunk_id FROM chunks "
+            "WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) AND embedding IS NULL",
+            self.org_id, ids)
+        out: dict[str, list[str]] = defaultdict(list)
+        for r in rows:
+            out[str(r["source_event_id"])].append(str(r["chunk_id"]))
+        return dict(out)
+
+    async def set_active(self, changes: Sequence[tuple[Any, bool]]) -> None:
+        """A rollback changed these sources' `active` flags: follow on their chunks."""
+        if not changes:
+            return
+        await self.flush()
+        ids, flags = [c[0] for c in changes], [c[1] for c in changes]
+        rows = await self.conn.fetch(
+            "WITH before AS ("
+            "  SELECT c.chunk_id, c.searchable AS was FROM chunks c "
+            "  JOIN unnest($2::uuid[]) AS u(event_id) ON c.source_event_id = u.event_id "
+            "  WHERE c.org_id = $1) "
+            "UPDATE chunks c SET active = u.active "
+            "FROM unnest($2::uuid[], $3::bool[]) AS u(event_id, active), before b "
+            "WHERE c.org_id = $1 AND c.source_event_id = u.event_id AND b.chunk_id = c.chunk_id "
+            "  AND c.active IS DISTINCT FROM u.active "
+            "RETURNING c.chunk_id, c.scope_path, c.domain, c.term_count, b.was, c.searchable",
+            self.org_id, ids, flags)
+        await self._searchable_changed(rows)
+
+    async def _searchable_changed(self, rows: Sequence[asyncpg.Record]) -> None:
+        moved = [r for r in rows if r["was"] != r["searchable"]]
+        if not moved:
+            return
+        await self.conn.execute(
+            "UPDATE chunk_terms t SET searchable = u.s "
+            "FROM unnest($2::uuid[], $3::bool[]) AS u(chunk_id, s) "
+            "WHERE t.org_id = $1 AND t.chunk_id = u.chunk_id",
+            self.org_id, [r["chunk_id"] for r in moved], [r["searchable"] for r in moved])
+        deltas: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for r in moved:
+            sign = 1 if r["searchable"] else -1
+            d = deltas[(r["scope_path"], r["domain"])]
+            d[0] += sign
+            d[1] += sign * r["term_count"]
+        await self._add_stats([(s, d, n, total) for (s, d), (n, total) in deltas.items()])
+
+    async def _add_stats(self, rows: list[tuple[str, str, int, int]]) -> None:
+        if not rows:
+            return
+        scopes, domains, ns, totals = (list(c) for c in zip(*rows))
+        await self.conn.execute(
+            "INSERT INTO corpus_stats (org_id, scope_path, domain, n_docs, total_length) "
+            "SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS u "
+            "ON CONFLICT (org_id, scope_path, domain) DO UPDATE "
+            "SET n_docs = corpus_stats.n_docs + EXCLUDED.n_docs, "
+            "    total_length = corpus_stats.total_length + EXCLUDED.total_length",
+            self.org_id, scopes, domains, ns, totals)
+
+    async def record_vectors(self, *, event_id: str, model_version: str,
+                             vectors: Sequence[dict[str, str]], recorded_at: dt.datetime) -> None:
+        """Apply `embedding.recorded`: payload vectors are {content_hash, vector (base64 f32 LE)}."""
+        await self.flush()
+        if not model_version or not vectors:
+            raise ValueError("embedding.recorded needs model_version and vectors")
+        hashes = [str(v["content_hash"]) for v in vectors]
+        literals = [vector_literal(vector_from_b64(v["vector"])) for v in vectors]
+        await self.conn.execute(
+            "INSERT INTO content_vectors (org_id, content_hash, model_version, embedding, recorded_at, event_id) "
+            "SELECT $1, u.h, $2, u.v::vector, $5, $6 FROM unnest($3::text[], $4::text[]) AS u(h, v) "
+            "ON CONFLICT (org_id, content_hash, model_version) DO UPDATE "
+            "SET embedding = EXCLUDED.embedding, recorded_at = EXCLUDED.recorded_at, event_id = EXCLUDED.event_id",
+            self.org_id, model_version, hashes, literals, recorded_at, event_id)
+        await self.conn.execute(
+            "UPDATE chunks c SET embedding = u.v::vector, embedding_model = $2 "
+            "FROM unnest($3::text[], $4::text[]) AS u(h, v) "
+            "WHERE c.org_id = $1 AND c.content_hash = u.h",
+            self.org_id, model_version, hashes, literals)

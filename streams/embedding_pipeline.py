@@ -1,0 +1,138 @@
+"""The embedding pipeline: EmbeddingJob / ReindexJob in, `embedding.recorded` events out.
+
+The worker's agents call this. For a set of chunks it:
+1. reads the chunks still without a vector from the running model (a job delivered twice, or
+   for chunks a newer job already covered, embeds nothing: idempotent);
+2. takes vectors already recorded for the same content (content-hash dedup, `content_vectors`)
+   and embeds only the content never seen, in batches;
+3. appends one `embedding.recorded` event per batch to the domain log. The projector applies it
+   (`chunk_projection.record_vectors`), so vectors are facts in the log: replay restores them
+   without recomputing, and only a reindex recomputes.
+
+A job lost between the projector's commit and its publication costs nothing: `backlog()` finds
+chunks without a vector (the worker sweeps at start and periodically) — the job stream is
+derivable from the read models (ARCHITECTURE.md section 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import asyncpg
+import numpy as np
+import structlog
+
+from context_engine.events import EMBEDDING_RECORDED, Event, embedding_aggregate
+from context_engine.inference.embedder import Embedder
+from context_engine.projections.chunk_projection import vector_to_b64
+from context_engine.projections.database import org_transaction
+from context_engine.scope import Scope
+
+log = structlog.get_logger("context_engine.embedding")
+
+ACTOR = "embedding-pipeline"
+SYSTEM_ORG = "_system"
+
+SendEvent = Callable[[Event], Awaitable[None]]
+
+
+class EmbeddingPipeline:
+    def __init__(self, pool: asyncpg.Pool, embedder: Embedder, send: SendEvent, *, batch_size: int = 64) -> None:
+        self.pool = pool
+        self.embedder = embedder
+        self.send = send
+        self.batch_size = batch_size
+
+    @property
+    def model_version(self) -> str:
+        return self.embedder.model_version
+
+    async def embed_chunks(self, org_id: str, chunk_ids: Sequence[str]) -> int:
+        """Record vectors for these chunks' content; returns how many contents were embedded now."""
+        async with org_transaction(self.pool, org_id, readonly=True) as conn:
+            rows = await conn.fetch(
+                "SELECT DISTINCT ON (content_hash) content_hash, content FROM chunks "
+                "WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) "
+                "  AND embedding_model IS DISTINCT FROM $3",
+                org_id, list(chunk_ids), self.model_version)
+        return await self._record(org_id, {r["content_hash"]: r["content"] for r in rows})
+
+    async def reindex(self, scope: Scope, *, page: int = 512,
+                      progress: Callable[[int], None] | None = None) -> int:
+        """Re-embed every chunk owned at `scope` or below whose vector is not from the running
+        model. Returns the number of contents embedded."""
+        done = 0
+        prefix = scope.path
+        while True:
+            async with org_transaction(self.pool, scope.org_id, readonly=True) as conn:
+                rows = await conn.fetch(
+                    "SELECT DISTINCT ON (content_hash) content_hash, content FROM chunks "
+                    "WHERE org_id = $1 AND (scope_path = $2 OR starts_with(scope_path, $2 || '/')) "
+                    "  AND embedding_model IS DISTINCT FROM $3 "
+                    "ORDER BY content_hash LIMIT $4",
+                    scope.org_id, prefix, self.model_version, page)
+            if not rows:
+                return done
+            n = await self._record(scope.org_id, {r["content_hash"]: r["content"] for r in rows},
+                                   reuse_recorded=False)
+            done += n
+            if progress:
+                progress(n)
+            await self._await_applied(scope.org_id, [r["content_hash"] for r in rows])
+
+    async def backlog(self, *, older_than: dt.timedelta, limit: int = 2048) -> dict[str, list[str]]:
+        """Chunks without a vector from the running model, older than `older_than`, by org."""
+        async with org_transaction(self.pool, SYSTEM_ORG, readonly=True) as conn:
+            rows = await conn.fetch(
+                "SELECT org_id, chunk_id FROM chunks WHERE embedding IS NULL "
+                "  AND created_at < now() - $1::interval ORDER BY created_at LIMIT $2",
+                older_than, limit)
+        out: dict[str, list[str]] = {}
+        for r in rows:
+            out.setdefault(r["org_id"], []).append(str(r["chunk_id"]))
+        return out
+
+    async def _record(self, org_id: str, texts: dict[str, str], *, reuse_recorded: bool = True) -> int:
+        if not texts:
+            return 0
+        known: dict[str, np.ndarray] = {}
+        if reuse_recorded:
+            async with org_transaction(self.pool, org_id, readonly=True) as conn:
+                known = {r["content_hash"]: np.asarray(r["embedding"], dtype=np.float32) for r in await conn.fetch(
+                    "SELECT content_hash, embedding::real[] AS embedding FROM content_vectors "
+                    "WHERE org_id = $1 AND model_version = $2 AND content_hash = ANY($3::text[])",
+                    org_id, self.model_version, list(texts))}
+        todo = [h for h in texts if h not in known]
+        for start in range(0, len(todo), self.batch_size):
+            batch = todo[start:start + self.batch_size]
+            vectors = await self.embedder.embed([texts[h] for h in batch])
+            known.update(zip(batch, vectors))
+        hashes = list(texts)
+        for start in range(0, len(hashes), self.batch_size):
+            part = hashes[start:start + self.batch_size]
+            await self.send(recorded_event(org_id, self.model_version,
+                                           [(h, known[h]) for h in part]))
+        return len(todo)
+
+    async def _await_applied(self, org_id: str, hashes: list[str], timeout: float = 30.0) -> None:
+        """Reindex pages by what is still to do, so wait until the projector applied this page."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            async with org_transaction(self.pool, org_id, readonly=True) as conn:
+                left = await conn.fetchval(
+                    "SELECT count(*) FROM chunks WHERE org_id = $1 AND content_hash = ANY($2::text[]) "
+                    "  AND embedding_model IS DISTINCT FROM $3", org_id, hashes, self.model_version)
+            if not left:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{left} chunks of org {org_id!r} not updated within {timeout}s")
+            await asyncio.sleep(0.05)
+
+
+def recorded_event(org_id: str, model_version: str, vectors: list[tuple[str, Any]]) -> Event:
+    return Event(EMBEDDING_RECORDED, Scope(org_id), embedding_aggregate(org_id), ACTOR, {
+        "model_version": model_version,
+        "vectors": [{"content_hash": h, "vector": vector_to_b64(v)} for h, v in vectors]})

@@ -1,0 +1,65 @@
+"""Job messages on the log: stream.proto payloads inside a StreamEnvelope.
+
+A logical stream such as `embedding:org-1` lives on the topic of its kind (streams/topics.py),
+keyed by org_id; the envelope keeps the logical name, a message_id consumers are idempotent on,
+and the originating ScopePath.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+from upsquad.context.v1 import context_pb2, stream_pb2
+
+from context_engine.scope import Scope
+
+
+def scope_path(scope: Scope) -> context_pb2.ScopePath:
+    return context_pb2.ScopePath(org_id=scope.org_id, pillar_id=scope.pillar_id,
+                                 team_id=scope.team_id, agent_id=scope.agent_id)
+
+
+def scope_of(path: context_pb2.ScopePath) -> Scope:
+    return Scope(path.org_id, path.pillar_id, path.team_id, path.agent_id)
+
+
+def now_timestamp() -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(dt.datetime.now(dt.UTC))
+    return ts
+
+
+@dataclass(frozen=True)
+class JobMessage:
+    key: bytes
+    value: bytes
+    message_id: str
+
+
+def envelope(kind: str, scope: Scope, payload: Message) -> JobMessage:
+    """Wrap `payload` for the logical stream `<kind>:<org_id>`, keyed by org_id."""
+    message_id = str(uuid.uuid4())
+    env = stream_pb2.StreamEnvelope(message_id=message_id, stream=f"{kind}:{scope.org_id}",
+                                    scope=scope_path(scope), created_at=now_timestamp(),
+                                    payload=payload.SerializeToString())
+    return JobMessage(scope.org_id.encode(), env.SerializeToString(), message_id)
+
+
+def open_envelope(raw: bytes, payload_type: type[Message]) -> tuple[stream_pb2.StreamEnvelope, Message]:
+    env = stream_pb2.StreamEnvelope.FromString(raw)
+    return env, payload_type.FromString(env.payload)
+
+
+def embedding_job(scope: Scope, event_id: str, chunk_ids: list[str]) -> JobMessage:
+    return envelope("embedding", scope, stream_pb2.EmbeddingJob(
+        event_id=event_id, chunk_ids=chunk_ids, scope=scope_path(scope), queued_at=now_timestamp()))
+
+
+def reindex_job(scope: Scope, old_model_version: str, new_model_version: str, initiated_by: str) -> JobMessage:
+    return envelope("reindex", scope, stream_pb2.ReindexJob(
+        scope=scope_path(scope), old_model_version=old_model_version,
+        new_model_version=new_model_version, initiated_by=initiated_by, initiated_at=now_timestamp()))

@@ -1,0 +1,277 @@
+"""Search and Embed through gRPC with real tokens, the real worker (projector + embedding
+pipeline) and PostgreSQL/pgvector: outcomes, the floor, isolation, BM25 against a reference,
+the embedding cache."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+import grpc
+import numpy as np
+import pytest
+from upsquad.context.v1 import context_pb2 as pb
+
+from context_engine.projections.retrieval.bm25 import analyze
+from context_engine.streams.replay import create_database, drop_database, read_log, replay
+from context_engine.streams.topics import LogTopics
+from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
+from tests.fixtures.engine import unique
+from tests.integration.test_session_write_path import expect_error
+
+pytestmark = pytest.mark.integration
+
+OK, NO_RESULTS, BELOW = (pb.RETRIEVAL_OUTCOME_OK, pb.RETRIEVAL_OUTCOME_NO_RESULTS,
+                         pb.RETRIEVAL_OUTCOME_BELOW_THRESHOLD)
+
+TURNS = [
+    "Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
+    "Melanie: That's great! I painted a sunrise over the lake last week.",
+    "Caroline: I'm researching adoption agencies, I want to give a child a loving home.",
+    "Melanie: My kids loved the camping trip to the mountains in July.",
+    "Caroline: The transgender conference in Boston was inspiring.",
+]
+
+
+async def ingest(caller, session: str, texts, **metadata) -> list[str]:
+    ids = []
+    for text in texts:
+        reply = await caller("IngestEvent", pb.IngestEventRequest(
+            session_id=session, event_type="message", content=text.encode(), metadata=metadata))
+        ids.append(reply.event_id)
+    return ids
+
+
+async def wait_embedded(engine, org: str, timeout: float = 60.0) -> int:
+    """The embedding pipeline is asynchronous: wait until every chunk of the org has a vector."""
+    conn = await asyncpg.connect(engine.settings.database_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            total, missing = await conn.fetchrow(
+                "SELECT count(*), count(*) FILTER (WHERE embedding IS NULL) FROM chunks WHERE org_id = $1", org)
+            if total and not missing:
+                return total
+            assert time.monotonic() < deadline, f"{missing} of {total} chunks not embedded"
+            await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
+
+
+async def search(caller, query: str, **fields) -> pb.SearchResponse:
+    return await caller("Search", pb.SearchRequest(query=query, **fields))
+
+
+@pytest.fixture(scope="module")
+async def corpus(engine):
+    org = unique("org")
+    caller = engine.caller(org, "p", "t", "bot", clearance=1)
+    await ingest(caller, "conv-1", TURNS)
+    await wait_embedded(engine, org)
+    return org, caller
+
+
+async def test_search_finds_the_turn_and_says_why(corpus, engine):
+    org, caller = corpus
+    reply = await search(caller, "When did Caroline go to the LGBTQ support group?")
+    assert reply.outcome == OK
+    assert reply.effective_min_score == pytest.approx(engine.settings.retrieval_min_score)
+    top = reply.results[0]
+    assert "LGBTQ support group" in top.content
+    assert 0 < top.score <= 1
+    assert top.source.startswith("event:")
+    meta = dict(top.metadata)
+    assert meta["engine.session_id"] == "conv-1"
+    assert float(meta["engine.score.vector"]) > 0 and float(meta["engine.score.lexical"]) > 0
+    assert meta["engine.fusion"] == "hybrid-v1"
+    assert [r.score for r in reply.results] == sorted((r.score for r in reply.results), reverse=True)
+
+
+async def test_min_score_absent_zero_and_explicit(corpus, engine):
+    _org, caller = corpus
+    default = engine.settings.retrieval_min_score
+    assert (await search(caller, "camping")).effective_min_score == pytest.approx(default)
+    assert (await search(caller, "camping", min_score=0)).effective_min_score == pytest.approx(default)
+    assert (await search(caller, "camping", min_score=0.05)).effective_min_score == pytest.approx(0.05)
+    for bad in (-0.1, 1.5, float("nan")):
+        await expect_error(grpc.StatusCode.INVALID_ARGUMENT, search(caller, "camping", min_score=bad),
+                           field="min_score")
+
+
+async def test_bad_search_input_names_the_field(corpus):
+    _org, caller = corpus
+    await expect_error(grpc.StatusCode.INVALID_ARGUMENT, search(caller, "   "), field="query")
+    await expect_error(grpc.StatusCode.INVALID_ARGUMENT, search(caller, "x", top_k=-1), field="top_k")
+    await expect_error(grpc.StatusCode.INVALID_ARGUMENT, search(caller, "x", top_k=257), field="top_k")
+
+
+async def test_outcomes_and_the_below_threshold_denominator(corpus):
+    _org, caller = corpus
+    everything = await search(caller, "Caroline adoption agencies child", min_score=1e-6, top_k=50)
+    assert everything.outcome == OK and everything.results_below_threshold == 0
+    scores = [r.score for r in everything.results]
+    total = len(scores)
+    assert total == len(TURNS)  # a corpus this small: every visible chunk is a candidate
+
+    floor = (scores[1] + scores[2]) / 2  # two clear it, the rest do not
+    partial = await search(caller, "Caroline adoption agencies child", min_score=floor, top_k=50)
+    assert partial.outcome == OK
+    assert len(partial.results) == 2
+    assert partial.results_below_threshold == total - 2
+
+    capped = await search(caller, "Caroline adoption agencies child", min_score=floor, top_k=1)
+    assert len(capped.results) == 1
+    assert capped.results_below_threshold == total - 2  # the top_k cap is not the floor
+
+    none_clear = await search(caller, "Caroline adoption agencies child", min_score=0.9999)
+    assert none_clear.outcome == BELOW and not none_clear.results
+    assert none_clear.results_below_threshold == total
+    assert none_clear.effective_min_score == pytest.approx(0.9999)
+
+
+async def test_no_results_in_an_empty_corpus(engine):
+    caller = engine.caller(unique("org"), clearance=1)
+    reply = await search(caller, "anything at all")
+    assert reply.outcome == NO_RESULTS
+    assert not reply.results and reply.results_below_threshold == 0
+    assert reply.effective_min_score > 0
+
+
+async def test_visibility_own_scope_and_ancestors_never_siblings_or_other_orgs(engine):
+    org = unique("org")
+    org_level = engine.caller(org, clearance=1)
+    team_a = engine.caller(org, "p", "team-a", "bot", clearance=1)
+    team_b = engine.caller(org, "p", "team-b", "bot", clearance=1)
+    await ingest(org_level, "handbook", ["Expense reports are due on the fifth working day."])
+    await ingest(team_a, "notes", ["The zebra migration dashboard lives at go/zebra."])
+    await wait_embedded(engine, org)
+
+    def contents(reply):
+        return " ".join(r.content for r in reply.results)
+
+    assert "zebra" in contents(await search(team_a, "zebra migration dashboard", min_score=1e-6))
+    assert "Expense" in contents(await search(team_a, "expense reports due", min_score=1e-6))
+    sibling = await search(team_b, "zebra migration dashboard", min_score=1e-6)
+    assert "zebra" not in contents(sibling)
+    assert "zebra" not in contents(await search(org_level, "zebra migration dashboard", min_score=1e-6))
+    stranger = engine.caller(unique("org"), "p", "team-a", "bot", clearance=1)
+    assert (await search(stranger, "zebra migration dashboard", min_score=1e-6)).outcome == NO_RESULTS
+
+
+async def test_domain_filter(engine):
+    org = unique("org")
+    caller = engine.caller(org, clearance=1)
+    await ingest(caller, "s", ["Refund policy: thirty days for every order."], domain="billing")
+    await ingest(caller, "s", ["Refund the customer when the router fails twice."], domain="support")
+    await wait_embedded(engine, org)
+    billing = await search(caller, "refund", domain="billing", min_score=1e-6)
+    assert [dict(r.metadata)["engine.domain"] for r in billing.results] == ["billing"]
+
+
+async def test_rolled_back_turns_leave_the_search(engine):
+    org = unique("org")
+    caller = engine.caller(org, clearance=4)
+    await ingest(caller, "s", ["The launch codename is Bluebird."])
+    version = await _session_version(engine, org, "s")
+    await ingest(caller, "s", ["Correction: the launch codename is Kestrel."])
+    before = await search(caller, "launch codename Kestrel", min_score=1e-6)
+    assert any("Kestrel" in r.content for r in before.results)
+    await caller("RollbackContext", pb.RollbackContextRequest(session_id="s", target_version_hash=version))
+    after = await search(caller, "launch codename Kestrel", min_score=1e-6)
+    assert all("Kestrel" not in r.content for r in after.results)
+    assert any("Bluebird" in r.content for r in after.results)
+
+
+async def _session_version(engine, org, session_id):
+    conn = await asyncpg.connect(engine.settings.database_url)
+    try:
+        return await conn.fetchval("SELECT version FROM sessions WHERE org_id = $1 AND session_id = $2",
+                                   org, session_id)
+    finally:
+        await conn.close()
+
+
+async def test_bm25_equals_the_reference_over_the_visible_corpus(engine):
+    org = unique("org")
+    caller = engine.caller(org, "p", "t", clearance=1)
+    hidden = engine.caller(org, "p", "other", clearance=1)  # a sibling: not in the caller's corpus
+    docs = ["the quick brown fox jumps over the lazy dog", "a quick brown dog outpaces a quick red fox",
+            "lazy afternoons by the river", "foxes and dogs are rarely friends", "quick quick quick"]
+    await ingest(caller, "s", docs)
+    await ingest(hidden, "s-other", ["quick fox " * 20])
+    await wait_embedded(engine, org)
+    query = "quick fox dog"
+    reply = await search(caller, query, min_score=1e-6, top_k=50)
+    reference = rank_bm25_lucene_idf()([analyze(d) for d in docs], k1=1.2, b=0.75)
+    expected = dict(zip(docs, reference.get_scores(analyze(query))))
+    got = {r.content: float(dict(r.metadata)["engine.bm25"]) for r in reply.results}
+    assert set(got) <= set(expected)
+    for content, score in got.items():
+        assert score == pytest.approx(expected[content], abs=1e-5), content
+    assert {d for d, s in expected.items() if s > 0} <= set(got)
+
+
+async def test_embed_limits_and_model_assertion(engine):
+    caller = engine.caller(unique("org"), clearance=1)
+    await expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                       caller("Embed", pb.EmbedRequest(texts=["x"] * 101)), field="texts")
+    await expect_error(grpc.StatusCode.INVALID_ARGUMENT, caller("Embed", pb.EmbedRequest(texts=[])), field="texts")
+    await expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                       caller("Embed", pb.EmbedRequest(texts=["x"], model_version="text-embedding-3-small")),
+                       field="model_version")
+    full = await caller("Embed", pb.EmbedRequest(texts=["x"] * 100))
+    assert len(full.embeddings) == 100
+    again = await caller("Embed", pb.EmbedRequest(texts=["x"], model_version=full.model_version))
+    assert again.model_version == full.model_version
+
+
+async def test_embed_cached_vs_fresh(engine):
+    org = unique("org")
+    caller = engine.caller(org, clearance=1)
+    texts = [f"fresh text {unique('t')}", "the second text", "the second text"]
+    first = await caller("Embed", pb.EmbedRequest(texts=texts))
+    assert [e.cached for e in first.embeddings] == [False, False, False]
+    assert len(first.embeddings[0].values) == 384
+    vectors = [np.array(e.values) for e in first.embeddings]
+    assert np.linalg.norm(vectors[0]) == pytest.approx(1.0, abs=1e-4)
+    assert np.allclose(vectors[1], vectors[2])
+    second = await caller("Embed", pb.EmbedRequest(texts=[texts[1], texts[0], "new one"]))
+    assert [e.cached for e in second.embeddings] == [True, True, False]
+    assert np.allclose(np.array(second.embeddings[0].values), vectors[1], atol=1e-6)
+    other_org = engine.caller(unique("org"), clearance=1)  # the cache is per org
+    assert not (await other_org("Embed", pb.EmbedRequest(texts=[texts[1]]))).embeddings[0].cached
+
+
+async def test_embed_reuses_vectors_the_pipeline_recorded(corpus):
+    _org, caller = corpus
+    reply = await caller("Embed", pb.EmbedRequest(texts=[TURNS[0]]))
+    assert reply.embeddings[0].cached
+
+
+async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, engine):
+    """Vectors are facts on the log (embedding.recorded): a replay into an empty database gives
+    the same chunks, postings, statistics and vectors, and computes no embedding."""
+    org, _caller = corpus
+    settings = engine.settings
+    target = await create_database(settings.database_url, "ce_test_replay_chunks")
+    try:
+        await replay(read_log(settings.kafka_bootstrap, LogTopics.from_settings(settings).events), target)
+        queries = [
+            "SELECT chunk_id, content_hash, term_count, searchable, embedding_model, embedding::text "
+            "FROM chunks WHERE org_id = $1 ORDER BY chunk_id",
+            "SELECT term, chunk_id, tf FROM chunk_terms WHERE org_id = $1 ORDER BY term, chunk_id",
+            "SELECT scope_path, domain, n_docs, total_length FROM corpus_stats WHERE org_id = $1 ORDER BY 1, 2",
+        ]
+        live, rebuilt = await asyncpg.connect(settings.database_url), await asyncpg.connect(target)
+        try:
+            for sql in queries:
+                expected = [tuple(r) for r in await live.fetch(sql, org)]
+                assert expected and [tuple(r) for r in await rebuilt.fetch(sql, org)] == expected, sql
+            assert await rebuilt.fetchval(
+                "SELECT count(*) FROM chunks WHERE org_id = $1 AND embedding IS NULL", org) == 0
+        finally:
+            await live.close()
+            await rebuilt.close()
+    finally:
+        await drop_database(settings.database_url, target)
