@@ -203,6 +203,62 @@ def verify(source_name: SourceOption = None, data_dir: DataDir = None) -> None:
 
 
 @app.command()
+def reindex(
+    org: Annotated[str, typer.Argument(help="org_id of the scope to re-embed")],
+    pillar: Annotated[str, typer.Option(help="pillar_id (empty: the whole org)")] = "",
+    team: Annotated[str, typer.Option(help="team_id")] = "",
+    agent: Annotated[str, typer.Option(help="agent_id")] = "",
+    wait: Annotated[bool, typer.Option(help="show progress until every chunk has a current vector")] = True,
+    timeout: Annotated[str, typer.Option(help="give up waiting after this long (e.g. 30m)")] = "1h",
+    data_dir: DataDir = None,
+) -> None:
+    """Re-embed a scope's chunks with the running embedder (after a model change)."""
+    import time
+
+    from context_engine.inference.embedder import embedder_from_settings
+    from context_engine.projections.database import create_pool
+    from context_engine.scope import Scope
+    from context_engine.streams import reindex as reindexing
+    from context_engine.streams.topics import LogTopics
+
+    settings = _stack_settings(data_dir)
+    scope = Scope.parse(org, pillar, team, agent)
+    limit = parse_duration(timeout).total_seconds()
+    model = embedder_from_settings(settings).model_version
+
+    async def go() -> bool:
+        pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
+        try:
+            before = await reindexing.progress(pool, scope, model)
+            await reindexing.request(settings.kafka_bootstrap, LogTopics.from_settings(settings), scope,
+                                     old_model_version=before.previous_model, new_model_version=model,
+                                     initiated_by=f"cli:{os.environ.get('USER', 'operator')}")
+            typer.echo(f"reindex of {scope.path} to {model} requested: {before.total - before.current} "
+                       f"of {before.total} chunks need a vector (previous model: {before.previous_model or '-'})")
+            if not wait:
+                return True
+            from tqdm import tqdm
+
+            deadline = time.monotonic() + limit
+            with tqdm(total=before.total, initial=before.current, desc="reindex", unit="chunk") as bar:
+                while True:
+                    now = await reindexing.progress(pool, scope, model)
+                    bar.total = now.total
+                    bar.update(now.current - bar.n)
+                    if now.done:
+                        return True
+                    if time.monotonic() > deadline:
+                        return False
+                    await asyncio.sleep(0.5)
+        finally:
+            await pool.close()
+
+    if not asyncio.run(go()):
+        typer.echo(f"reindex not finished after {timeout}; it continues in the worker", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
 def worker(data_dir: DataDir = None) -> None:
     """Run the stream workers (the Faust app) against the configured broker."""
     from context_engine.logs import configure_logging

@@ -1,0 +1,57 @@
+"""`context-engine reindex`: ask the worker to re-embed a scope with the running embedder, and
+watch it happen.
+
+The request is a ReindexJob on the reindex stream (keyed by org); the worker's reindex agent
+(streams/app.py) re-embeds every chunk owned at the scope or below whose vector came from
+another model, recording the vectors on the log like any embedding. Progress is read from the
+read model: chunks of the scope whose vector is from the running model, out of all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+
+from context_engine.projections.database import org_transaction
+from context_engine.scope import Scope
+from context_engine.streams.jobs import reindex_job
+from context_engine.streams.topics import LogTopics
+
+_IN_SCOPE = "org_id = $1 AND (scope_path = $2 OR starts_with(scope_path, $2 || '/'))"
+
+
+@dataclass(frozen=True)
+class ReindexProgress:
+    total: int
+    current: int  # chunks whose vector is from the running model
+    previous_model: str  # the most common other model in the scope ("" = none)
+
+    @property
+    def done(self) -> bool:
+        return self.current >= self.total
+
+
+async def progress(pool: asyncpg.Pool, scope: Scope, model_version: str) -> ReindexProgress:
+    async with org_transaction(pool, scope.org_id, readonly=True) as conn:
+        row = await conn.fetchrow(
+            f"SELECT count(*) AS total, count(*) FILTER (WHERE embedding_model = $3) AS current "
+            f"FROM chunks WHERE {_IN_SCOPE}", scope.org_id, scope.path, model_version)
+        previous = await conn.fetchval(
+            f"SELECT embedding_model FROM chunks WHERE {_IN_SCOPE} AND embedding_model <> $3 "
+            f"GROUP BY embedding_model ORDER BY count(*) DESC LIMIT 1", scope.org_id, scope.path, model_version)
+    return ReindexProgress(row["total"], row["current"], previous or "")
+
+
+async def request(bootstrap: str, topics: LogTopics, scope: Scope, *, old_model_version: str,
+                  new_model_version: str, initiated_by: str) -> str:
+    """Publish the ReindexJob; returns its message_id."""
+    job = reindex_job(scope, old_model_version, new_model_version, initiated_by)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topics.jobs["reindex"], job.value, key=job.key)
+    finally:
+        await producer.stop()
+    return job.message_id
