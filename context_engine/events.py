@@ -25,6 +25,7 @@ MEMORY_PUSHED = "memory.pushed"
 SNAPSHOT_CREATED = "session.snapshot_created"
 SESSION_ROLLED_BACK = "session.rolled_back"
 EMBEDDING_RECORDED = "embedding.recorded"
+GUARDRAIL_PUBLISHED = "guardrail.published"
 
 CURRENT_VERSIONS: dict[str, int] = {
     EVENT_INGESTED: 2,
@@ -32,6 +33,7 @@ CURRENT_VERSIONS: dict[str, int] = {
     SNAPSHOT_CREATED: 1,
     SESSION_ROLLED_BACK: 1,
     EMBEDDING_RECORDED: 1,
+    GUARDRAIL_PUBLISHED: 1,
 }
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
