@@ -1,0 +1,164 @@
+"""`context-engine guardrail publish`: sign a guardrail layer with the operator key, append it to
+the domain-event log, and wait until the projection has decided about it (docs/guardrails.md).
+
+Operator-only: this runs beside the stack with the admin database URL and the broker address
+(like `reindex`), never through the API. Every check that can fail is made before anything is
+appended: the level against the owner scope, the file (readable, UTF-8, not blank, at most
+64 KiB, no NUL), the signing key. The event is keyed by `guardrail/<scope path>/L<level>`, so the
+versions of one (scope, level) are totally ordered in one partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import pathlib
+import time
+from dataclasses import dataclass
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from context_engine.errors import InvalidArgument
+from context_engine.events import GUARDRAIL_PUBLISHED, Event
+from context_engine.guardrails.signing import (
+    LEVEL_NAMES,
+    MAX_LAYER_BYTES,
+    content_sha256,
+    guardrail_aggregate,
+    owner_level,
+    sign_layer,
+)
+from context_engine.projections.database import org_transaction
+from context_engine.projections.guardrail_queries import (
+    GuardrailLayerRow,
+    current_layer,
+    current_layers,
+    publication_outcome,
+)
+from context_engine.scope import Scope
+
+DEFAULT_TIMEOUT_SECONDS = 30.0
+
+
+class GuardrailPublishError(RuntimeError):
+    """The layer was appended but not accepted (rejected, or not projected in time)."""
+
+
+@dataclass(frozen=True)
+class PublishGuardrail:
+    level: int
+    scope: Scope      # the owner scope: guardrails.signing.layer_scope(level, ...)
+    content: str
+    force: bool = False  # publish even when the content is already the current version's
+
+
+@dataclass(frozen=True)
+class Published:
+    level: int
+    scope_path: str
+    version: int
+    content_hash: str
+    effective_at_ms: int
+    fingerprint: str
+    event_id: str = ""      # "" when nothing was appended (unchanged)
+    unchanged: bool = False  # the content already was the current version's; nothing appended
+
+
+def read_layer_file(path: pathlib.Path) -> str:
+    """The layer text, exactly as in the file (its SHA-256 is the content hash)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InvalidArgument("file", f"cannot read {path}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_LAYER_BYTES:
+        raise InvalidArgument("file", f"{path} has {len(data)} bytes; a layer is at most {MAX_LAYER_BYTES}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument("file", f"{path} is not UTF-8 text (byte {exc.start})") from exc
+    if not text.strip():
+        raise InvalidArgument("file", f"{path} is empty")
+    if "\x00" in text:
+        raise InvalidArgument("file", f"{path} contains a NUL character")
+    return text
+
+
+def build_event(key: Ed25519PrivateKey, command: PublishGuardrail, *, actor: str, now_ms: int,
+                current: GuardrailLayerRow | None) -> Event:
+    """The signed guardrail.published event. signed_at is now, or 1 ms after the current
+    version's when the clock has not passed it (the projection requires it to increase)."""
+    if owner_level(command.scope) != command.level:
+        raise InvalidArgument("scope", f"{command.scope.path!r} cannot own an L{command.level} layer")
+    signed_at = max(now_ms, current.effective_at_ms + 1) if current is not None else now_ms
+    layer = sign_layer(key, level=command.level, scope_path=command.scope.path,
+                       content=command.content, signed_at_ms=signed_at)
+    return Event(GUARDRAIL_PUBLISHED, scope=command.scope,
+                 aggregate=guardrail_aggregate(command.scope.path, command.level),
+                 actor=actor, payload=layer.payload())
+
+
+async def publish_guardrail(command: PublishGuardrail, *, key: Ed25519PrivateKey, pool: asyncpg.Pool,
+                            bootstrap: str, topic: str, actor: str,
+                            timeout: float = DEFAULT_TIMEOUT_SECONDS, poll_interval: float = 0.1,
+                            partitions: int | None = None) -> Published:
+    """Sign, append (acks=all) and wait until the read model shows the projection's decision.
+    Raises GuardrailPublishError when it rejected the layer or did not decide within `timeout`."""
+    org = command.scope.org_id
+    deadline = time.monotonic() + timeout
+    async with org_transaction(pool, org, readonly=True) as conn:
+        current = await current_layer(conn, command.scope, command.level)
+    if current is not None and current.content_hash == content_sha256(command.content) and not command.force:
+        return Published(command.level, current.scope_path, current.version, current.content_hash,
+                         current.effective_at_ms, current.fingerprint, unchanged=True)
+    event = build_event(key, command, actor=actor, now_ms=time.time_ns() // 1_000_000, current=current)
+
+    if partitions is not None:  # create the topic with its configured count if it is missing
+        from context_engine.streams.topics import ensure_topics
+
+        await ensure_topics(bootstrap, {topic: partitions}, timeout=max(1.0, deadline - time.monotonic()))
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        await asyncio.wait_for(producer.start(), max(0.1, deadline - time.monotonic()))
+        meta = await asyncio.wait_for(
+            producer.send_and_wait(topic, event.to_bytes(), key=event.aggregate.encode()),
+            max(0.1, deadline - time.monotonic()))
+    except asyncio.TimeoutError as exc:
+        raise GuardrailPublishError(f"the log at {bootstrap} did not accept the layer within {timeout:g}s; "
+                                    "nothing may have been appended") from exc
+    finally:
+        await producer.stop()
+
+    while True:
+        async with org_transaction(pool, org, readonly=True) as conn:
+            decided = await publication_outcome(conn, org, event.event_id)
+        if decided is not None:
+            break
+        if time.monotonic() > deadline:
+            raise GuardrailPublishError(
+                f"appended as event {event.event_id} at {meta.topic}[{meta.partition}]@{meta.offset}, "
+                f"but not projected within {timeout:g}s: is the worker running? It will be projected "
+                "when the worker reaches it")
+        await asyncio.sleep(poll_interval)
+    if decided.layer is None:
+        raise GuardrailPublishError(f"the projection rejected the layer ({decided.outcome}): {decided.detail}")
+    row = decided.layer
+    return Published(row.level, row.scope_path, row.version, row.content_hash, row.effective_at_ms,
+                     row.fingerprint, event_id=event.event_id)
+
+
+async def list_layers(pool: asyncpg.Pool, caller: Scope) -> list[GuardrailLayerRow]:
+    """The current layers a caller at `caller` gets (what ResolveGuardrailLayers answers)."""
+    async with org_transaction(pool, caller.org_id, readonly=True) as conn:
+        return await current_layers(conn, caller)
+
+
+def format_ms(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def describe(row: Published | GuardrailLayerRow) -> str:
+    return (f"L{row.level} ({LEVEL_NAMES[row.level]}) {row.scope_path}: version {row.version}, "
+            f"content_hash {row.content_hash}, effective_at {format_ms(row.effective_at_ms)}, "
+            f"key {row.fingerprint[:16]}")
