@@ -19,6 +19,8 @@ token_app = typer.Typer(no_args_is_help=True, help="Development tokens.")
 serve_app = typer.Typer(no_args_is_help=True, help="Run one server process (what `up` starts).")
 app.add_typer(token_app, name="token")
 app.add_typer(serve_app, name="serve")
+pii_app = typer.Typer(no_args_is_help=True, help="The PII redaction of pushed memory.")
+app.add_typer(pii_app, name="pii")
 
 
 def _mount_models_app() -> None:
@@ -256,6 +258,46 @@ def reindex(
     if not asyncio.run(go()):
         typer.echo(f"reindex not finished after {timeout}; it continues in the worker", err=True)
         raise typer.Exit(1)
+
+
+@pii_app.command("rescan")
+def pii_rescan(
+    org: Annotated[Optional[str], typer.Option(help="only this org (default: every org)")] = None,
+    wait: Annotated[bool, typer.Option(help="follow the scans and report what they cleared")] = True,
+    timeout: Annotated[str, typer.Option(help="give up following after this long (e.g. 10m)")] = "10m",
+    data_dir: DataDir = None,
+) -> None:
+    """Scan quarantined memory again; with a healthy detector it becomes searchable."""
+    from tqdm import tqdm
+
+    from context_engine.projections.database import create_pool
+    from context_engine.streams import pii_rescan as rescan
+    from context_engine.streams.topics import LogTopics
+
+    settings = _stack_settings(data_dir)
+    limit = parse_duration(timeout).total_seconds()
+
+    async def go():
+        pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
+        try:
+            items = await rescan.quarantined(pool, org)
+            typer.echo(f"{len(items)} quarantined memory version(s) to scan again")
+            if not items:
+                return None
+            await rescan.request(settings.kafka_bootstrap, LogTopics.from_settings(settings), items)
+            if not wait:
+                return None
+            with tqdm(total=len(items), desc="pii rescan", unit="memory") as bar:
+                return await rescan.follow(pool, items, timeout=limit, progress=bar.update)
+        finally:
+            await pool.close()
+
+    report = asyncio.run(go())
+    if report is not None:
+        typer.echo(f"cleared {report.cleared}, still quarantined {report.still_quarantined}, "
+                   f"not scanned yet {report.unfinished}")
+        if report.still_quarantined or report.unfinished:
+            raise typer.Exit(1)
 
 
 @app.command()

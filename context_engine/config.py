@@ -90,6 +90,11 @@ class Settings(BaseSettings):
     retrieval_min_score: float = Field(default=0.35, gt=0.0, le=1.0)
     retrieval_min_score_by_org: dict[str, float] = {}
 
+    # PII redaction of pushed memory (docs/pii.md): the detector the worker calls, per call.
+    pii_detector_timeout_seconds: float = 2.0
+    # PullContext waits this long for a just-pushed version's scan before UNAVAILABLE.
+    pii_scan_wait_seconds: float = 5.0
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     def tenant_min_score(self, org_id: str) -> float:

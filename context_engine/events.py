@@ -25,6 +25,7 @@ MEMORY_PUSHED = "memory.pushed"
 SNAPSHOT_CREATED = "session.snapshot_created"
 SESSION_ROLLED_BACK = "session.rolled_back"
 EMBEDDING_RECORDED = "embedding.recorded"
+MEMORY_SCRUBBED = "memory.scrubbed"
 GUARDRAIL_PUBLISHED = "guardrail.published"
 
 CURRENT_VERSIONS: dict[str, int] = {
@@ -33,6 +34,7 @@ CURRENT_VERSIONS: dict[str, int] = {
     SNAPSHOT_CREATED: 1,
     SESSION_ROLLED_BACK: 1,
     EMBEDDING_RECORDED: 1,
+    MEMORY_SCRUBBED: 1,
     GUARDRAIL_PUBLISHED: 1,
 }
 

@@ -141,6 +141,10 @@ class PiiClient:
             return await self._detector().DetectPII(request, timeout=self.timeout_seconds,
                                                     metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                # Dial afresh next time: a restarted sidecar is used at once, not after the
+                # channel's reconnect backoff (a `pii rescan` right after a restart must see it).
+                await self.close()
             raise DetectorError(f"DetectPII at {self.address} failed with {exc.code().name}: "
                                 f"{exc.details()}") from exc
         except (grpc.RpcError, grpc.aio.BaseError) as exc:  # e.g. a call on a closed channel

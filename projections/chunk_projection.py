@@ -4,7 +4,8 @@ Driven by the session projector (`session_projector._OrgApplier`) inside its tra
 chunks appear atomically with the event that produced them and replay rebuilds them the same way:
 
 - `session.event_ingested` -> the event's chunks (every event type);
-- `memory.pushed` with memory_type 'semantic' -> the memory's chunks;
+- `memory.scrubbed` of a semantic memory -> the memory's chunks, from the REDACTED content, with
+  its PII status (quarantined chunks are kept but not searchable; a rescan replaces them);
 - `session.rolled_back` -> the chunks of items leaving the state become inactive (and those of
   items coming back, active again);
 - `embedding.recorded` -> `content_vectors` rows, and the vector on every chunk of the org with
@@ -77,11 +78,15 @@ class ChunkProjection:
         self.conn = conn
         self.org_id = org_id
         self.pending = _PendingChunks()
-        self.new_chunks: dict[str, list[str]] = {}  # source event_id -> chunk ids added
+        self.new_chunks: dict[str, list[str]] = {}  # event that added them -> chunk ids
 
     def add(self, *, event_id: str, source_kind: str, session_id: str | None, scope_path: str,
-            content: bytes, metadata: dict[str, Any], created_at: dt.datetime) -> None:
+            content: bytes, metadata: dict[str, Any], created_at: dt.datetime,
+            pii_status: str = "clear", active: bool = True, added_by: str | None = None) -> None:
+        """Chunk a source's content. `added_by`: the event applying this (default: the source
+        itself; a memory's chunks are added by its memory.scrubbed event)."""
         domain = str(metadata.get(DOMAIN_KEY) or "")
+        searchable = active and pii_status == "clear"
         chunks = chunk_content(event_id, content, content_type=_content_type(content, metadata))
         meta_json = orjson.dumps(metadata).decode()
         ids = []
@@ -91,14 +96,15 @@ class ChunkProjection:
             ids.append(cid)
             self.pending.chunks.append((cid, scope_path, event_id, source_kind, session_id, c.index,
                                         domain, c.content, c.content_hash, c.token_count,
-                                        doc.length, meta_json, created_at))
+                                        doc.length, meta_json, created_at, active, pii_status))
             for term, tf in doc.tf.items():
-                self.pending.terms.append((term, cid, tf, doc.length, scope_path, domain))
-            stat = self.pending.stats[(scope_path, domain)]
-            stat[0] += 1
-            stat[1] += doc.length
+                self.pending.terms.append((term, cid, tf, doc.length, scope_path, domain, searchable))
+            if searchable:
+                stat = self.pending.stats[(scope_path, domain)]
+                stat[0] += 1
+                stat[1] += doc.length
         if ids:
-            self.new_chunks[event_id] = ids
+            self.new_chunks.setdefault(added_by or event_id, []).extend(ids)
 
     async def flush(self) -> None:
         """Write pending chunks; give them vectors already recorded for their content."""
@@ -109,17 +115,17 @@ class ChunkProjection:
         await self.conn.execute(
             "INSERT INTO chunks (org_id, chunk_id, scope_path, source_event_id, source_kind, "
             "  session_id, chunk_index, domain, content, content_hash, token_count, term_count, "
-            "  metadata, created_at) "
+            "  metadata, created_at, active, pii_status) "
             "SELECT $1, u.* FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::text[], $6::text[], "
             "  $7::int[], $8::text[], $9::text[], $10::text[], $11::int[], $12::int[], "
-            "  $13::text[]::jsonb[], $14::timestamptz[]) AS u "
+            "  $13::text[]::jsonb[], $14::timestamptz[], $15::bool[], $16::text[]) AS u "
             "ON CONFLICT (chunk_id) DO NOTHING",
             self.org_id, *[list(c) for c in cols])
-        tcols = list(zip(*pending.terms)) if pending.terms else [[] for _ in range(6)]
+        tcols = list(zip(*pending.terms)) if pending.terms else [[] for _ in range(7)]
         await self.conn.execute(
             "INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable) "
-            "SELECT $1, u.*, true FROM unnest($2::text[], $3::uuid[], $4::int[], $5::int[], "
-            "  $6::text[], $7::text[]) AS u ON CONFLICT DO NOTHING",
+            "SELECT $1, u.* FROM unnest($2::text[], $3::uuid[], $4::int[], $5::int[], "
+            "  $6::text[], $7::text[], $8::bool[]) AS u ON CONFLICT DO NOTHING",
             self.org_id, *[list(c) for c in tcols])
         await self._add_stats([(s, d, n, total) for (s, d), (n, total) in pending.stats.items()])
         await self.conn.execute(
@@ -131,18 +137,17 @@ class ChunkProjection:
             self.org_id, list(cols[0]), sorted(set(cols[8])))
 
     async def unembedded(self) -> dict[str, list[str]]:
-        """Chunks added in this batch still without a vector, by source event id."""
+        """Searchable chunks added in this batch still without a vector, by the event that added
+        them (quarantined chunks are not embedded: a rescan replaces them)."""
         if not self.new_chunks:
             return {}
         ids = [cid for cids in self.new_chunks.values() for cid in cids]
-        rows = await self.conn.fetch(
-            "SELECT source_event_id, chunk_id FROM chunks "
-            "WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) AND embedding IS NULL",
-            self.org_id, ids)
-        out: dict[str, list[str]] = defaultdict(list)
-        for r in rows:
-            out[str(r["source_event_id"])].append(str(r["chunk_id"]))
-        return dict(out)
+        missing = {str(r["chunk_id"]) for r in await self.conn.fetch(
+            "SELECT chunk_id FROM chunks "
+            "WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) AND embedding IS NULL AND searchable",
+            self.org_id, ids)}
+        out = {by: [c for c in cids if c in missing] for by, cids in self.new_chunks.items()}
+        return {by: cids for by, cids in out.items() if cids}
 
     async def set_active(self, changes: Sequence[tuple[Any, bool]]) -> None:
         """A rollback changed these sources' `active` flags: follow on their chunks."""
@@ -162,6 +167,25 @@ class ChunkProjection:
             "RETURNING c.chunk_id, c.scope_path, c.domain, c.term_count, b.was, c.searchable",
             self.org_id, ids, flags)
         await self._searchable_changed(rows)
+
+    async def remove_source(self, event_id: str) -> None:
+        """Drop a source's chunks (a new PII scan result replaces them), with their statistics."""
+        await self.flush()
+        gone = await self.conn.fetch(
+            "DELETE FROM chunks WHERE org_id = $1 AND source_event_id = $2 "
+            "RETURNING chunk_id, scope_path, domain, term_count, searchable",
+            self.org_id, event_id)
+        if not gone:
+            return
+        await self.conn.execute("DELETE FROM chunk_terms WHERE org_id = $1 AND chunk_id = ANY($2::uuid[])",
+                                self.org_id, [r["chunk_id"] for r in gone])
+        deltas: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for r in gone:
+            if r["searchable"]:
+                d = deltas[(r["scope_path"], r["domain"])]
+                d[0] -= 1
+                d[1] -= r["term_count"]
+        await self._add_stats([(s, d, n, total) for (s, d), (n, total) in deltas.items()])
 
     async def _searchable_changed(self, rows: Sequence[asyncpg.Record]) -> None:
         moved = [r for r in rows if r["was"] != r["searchable"]]

@@ -1,13 +1,21 @@
 """PullContext: an agent's latest memory, or the memory a named snapshot holds. Always read from
-PostgreSQL (the primary), never from a cache."""
+PostgreSQL (the primary), never from a cache.
+
+Pushed memory is returned only after its PII scan (docs/pii.md): a version still 'pending' is
+waited for (bounded by `pii_scan_wait_seconds`, then UNAVAILABLE), so raw content never leaves
+the engine; a quarantined version comes back as the regex fallback redacted it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
 from dataclasses import dataclass
 
 from context_engine import validation
 from context_engine.auth import Principal
-from context_engine.errors import InvalidArgument, NotFound
+from context_engine.errors import InvalidArgument, NotFound, Unavailable
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
 from context_engine.scope import ID_PATTERN
@@ -27,7 +35,28 @@ class Pulled:
     memory: queries.MemoryVersion
 
 
-async def pull_context(pool, freshness: SessionFreshness, principal: Principal, query: PullContext) -> Pulled:
+async def pull_context(pool, freshness: SessionFreshness, principal: Principal, query: PullContext,
+                       *, pii_scan_wait_seconds: float = 5.0) -> Pulled:
+    pulled = await _pull(pool, freshness, principal, query)
+    if pulled.memory.pii_status == "pending":
+        pulled = dataclasses.replace(pulled, memory=await _scanned(pool, pulled.memory, pii_scan_wait_seconds))
+    return pulled
+
+
+async def _scanned(pool, memory: queries.MemoryVersion, timeout: float) -> queries.MemoryVersion:
+    deadline = time.monotonic() + timeout
+    while True:
+        await asyncio.sleep(0.02)
+        async with org_transaction(pool, memory.org_id, readonly=True) as conn:
+            current = await queries.memory_by_event_id(conn, memory.org_id, memory.event_id)
+        if current is not None and current.pii_status != "pending":
+            return current
+        if time.monotonic() > deadline:
+            raise Unavailable(f"memory version {memory.content_sha256} is still being scanned for PII after "
+                              f"{timeout:.1f}s; retry shortly", reason="PII_SCAN_PENDING")
+
+
+async def _pull(pool, freshness: SessionFreshness, principal: Principal, query: PullContext) -> Pulled:
     if query.agent_id and not ID_PATTERN.match(query.agent_id):
         raise InvalidArgument("agent_id", "must be 1-128 characters of [A-Za-z0-9._:@-]")
     if query.session_id:

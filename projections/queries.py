@@ -106,6 +106,7 @@ class MemoryVersion(_Row):
     session_version: str | None
     created_at: dt.datetime
     active: bool
+    pii_status: str = "clear"  # pending | clear | quarantined (docs/pii.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +153,8 @@ def _session(r: asyncpg.Record) -> Session:
 def _memory(r: asyncpg.Record) -> MemoryVersion:
     return MemoryVersion(str(r["event_id"]), r["org_id"], r["scope_path"], r["agent_id"], r["session_id"],
                          r["seq"], r["memory_type"], bytes(r["content"]), _json(r["metadata"]),
-                         r["content_sha256"], r["session_version"], r["created_at"], r["active"])
+                         r["content_sha256"], r["session_version"], r["created_at"], r["active"],
+                         r["pii_status"])
 
 
 def _snapshot(r: asyncpg.Record) -> Snapshot:
@@ -246,6 +248,13 @@ async def latest_memory(conn: asyncpg.Connection, org_id: str, agent_id: str, se
             "AND active AND scope_path = ANY($3::text[]) AND ($4::text IS NULL OR memory_type = $4) "
             "ORDER BY created_at DESC, event_id DESC LIMIT 1",
             org_id, agent_id, list(visible_scope_paths), memory_type)
+    return _memory(r) if r else None
+
+
+async def memory_by_event_id(conn: asyncpg.Connection, org_id: str, event_id: str) -> MemoryVersion | None:
+    if (eid := _uuid(event_id)) is None:
+        return None
+    r = await conn.fetchrow("SELECT * FROM memory_versions WHERE org_id = $1 AND event_id = $2", org_id, eid)
     return _memory(r) if r else None
 
 

@@ -88,7 +88,9 @@ import orjson
 from context_engine.events import (
     EMBEDDING_RECORDED,
     EVENT_INGESTED,
+    GUARDRAIL_PUBLISHED,
     MEMORY_PUSHED,
+    MEMORY_SCRUBBED,
     SESSION_ROLLED_BACK,
     SNAPSHOT_CREATED,
     Event,
@@ -99,6 +101,7 @@ from context_engine.hashing import genesis_version, is_sha256_hex, next_version,
 from context_engine.scope import Scope
 
 from .chunk_projection import SEMANTIC, ChunkProjection
+from .guardrail_projection import apply_guardrail_published
 from .records import LogRecord
 
 PROJECTOR = "session"
@@ -135,6 +138,7 @@ class Applied:
     seq: int | None = None
     version: str | None = None
     unembedded: tuple[str, ...] = ()  # chunk ids this event added that still need a vector
+    needs_pii_scan: bool = False  # a pushed memory: its content waits for the PII scan
 
 
 def session_key(org_id: str, session_id: str) -> str:
@@ -351,10 +355,10 @@ FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::te
 _INSERT_MEMORIES = """
 INSERT INTO memory_versions (event_id, org_id, scope_path, pillar_id, team_id, scope_agent_id,
                              agent_id, session_id, seq, memory_type, content, metadata,
-                             content_sha256, session_version, created_at)
+                             content_sha256, session_version, created_at, pii_status)
 SELECT u.event_id, $1, u.scope_path, u.pillar_id, u.team_id, u.scope_agent_id, u.agent_id,
        u.session_id, u.seq, u.memory_type, u.content, u.metadata::jsonb, u.content_sha256,
-       u.session_version, u.created_at
+       u.session_version, u.created_at, 'pending'
 FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
             $9::bigint[], $10::text[], $11::bytea[], $12::text[], $13::text[], $14::text[],
             $15::timestamptz[])
@@ -466,15 +470,15 @@ class _OrgApplier:
                 p.get("agent_id") or sc.agent_id, sid, seq, str(p["memory_type"]), content,
                 _json_text(p.get("metadata") or {}), p.get("content_sha256") or sha256_hex(content),
                 version, ev.occurred))
-            if p["memory_type"] == SEMANTIC:
-                self.chunks.add(event_id=ev.event_id, source_kind="memory", session_id=sid,
-                                scope_path=sc.path, content=content, metadata=p.get("metadata") or {},
-                                created_at=ev.occurred)
-            return _applied(rec, ev, APPLIED, sid, seq, version)
+            return dataclasses.replace(_applied(rec, ev, APPLIED, sid, seq, version), needs_pii_scan=True)
         if ev.type == SNAPSHOT_CREATED:
             return await self._snapshot(rec, ev)
         if ev.type == SESSION_ROLLED_BACK:
             return await self._rollback(rec, ev)
+        if ev.type == GUARDRAIL_PUBLISHED:
+            return _applied(rec, ev, await apply_guardrail_published(self.conn, self.org_id, ev))
+        if ev.type == MEMORY_SCRUBBED:
+            return await self._scrubbed(rec, ev)
         if ev.type == EMBEDDING_RECORDED:
             await self.flush()
             await self.chunks.record_vectors(event_id=ev.event_id, model_version=p["model_version"],
@@ -559,6 +563,34 @@ class _OrgApplier:
         s.version, s.seq, s.active_count = target, row["seq"], row["depth"]
         s.updated_at, s.last_event_id, s.dirty = ev.occurred, ev.event_id, True
         return _applied(rec, ev, APPLIED, sid, s.seq, s.version)
+
+    async def _scrubbed(self, rec: LogRecord, ev: Event) -> Applied:
+        """The PII scan's result for a pushed memory: its redacted content replaces the raw one;
+        semantic memory becomes chunks, searchable only when the status is 'clear'. A later scan
+        (pii rescan) replaces an earlier one's chunks."""
+        p = ev.payload
+        status = p["status"]
+        if status not in ("clear", "quarantined"):
+            raise ValueError(f"memory.scrubbed status {status!r}")
+        content = _content(p)
+        await self.flush()
+        row = await self.conn.fetchrow(
+            "UPDATE memory_versions SET content = $3, pii_status = $4, pii_spans = $5::text::jsonb, "
+            "  pii_detector_version = $6, pii_fallback_reason = $7, pii_scanned_by = $8 "
+            "WHERE org_id = $1 AND event_id = $2 "
+            "RETURNING scope_path, session_id, memory_type, metadata::text AS metadata, created_at, active",
+            self.org_id, uuid.UUID(p["memory_event_id"]), content, status,
+            _json_text(p.get("spans_by_class") or {}), str(p.get("detector_version") or ""),
+            str(p.get("fallback_reason") or ""), ev.event_id)
+        if row is None:
+            return _applied(rec, ev, UNKNOWN_TARGET)
+        if row["memory_type"] == SEMANTIC:
+            await self.chunks.remove_source(p["memory_event_id"])
+            self.chunks.add(event_id=p["memory_event_id"], source_kind="memory", session_id=row["session_id"],
+                            scope_path=row["scope_path"], content=content,
+                            metadata=orjson.loads(row["metadata"]), created_at=row["created_at"],
+                            pii_status=status, active=row["active"], added_by=ev.event_id)
+        return _applied(rec, ev, APPLIED, row["session_id"])
 
     async def _snapshot(self, rec: LogRecord, ev: Event) -> Applied:
         p = ev.payload

@@ -9,8 +9,9 @@ Agents:
   Chunks the batch added without a known vector are published as EmbeddingJobs.
 - `embedding-pipeline` — EmbeddingJobs -> `embedding.recorded` events (streams/embedding_pipeline.py).
 - `reindex-worker` — ReindexJobs: re-embed a scope with the running model.
-- a timer sweeps chunks left without a vector (a job lost in a crash) at start and every
-  `SWEEP_INTERVAL_S`.
+- `pii-scanner` — PII scans of pushed memory -> `memory.scrubbed` events (streams/pii_scanner.py).
+- a timer sweeps work asked for and not done (chunks without a vector, memory whose PII scan is
+  still pending: a job lost in a crash) at start and every `SWEEP_INTERVAL_S`.
 
 Timeouts follow what measured well on the bundled broker (shared/ENVIRONMENT.md): a short
 session timeout and heartbeat make a worker ready in ~3 s after a start or a crash. The bundled
@@ -39,7 +40,9 @@ from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import Applied, apply_batch
 from context_engine.scope import Scope
 from context_engine.streams.embedding_pipeline import EmbeddingPipeline
-from context_engine.streams.jobs import embedding_job, open_envelope, scope_of
+from context_engine.inference.pii_client import PiiClient
+from context_engine.streams.jobs import embedding_job, open_envelope, open_pii_scan_job, pii_scan_job, scope_of
+from context_engine.streams.pii_scanner import PiiScanner
 from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
 from context_engine.streams.topics import LogTopics, ensure_topics
 
@@ -100,6 +103,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     events_topic = raw_topic(topics.events)
     embedding_topic = raw_topic(topics.jobs["embedding"])
     reindex_topic = raw_topic(topics.jobs["reindex"])
+    pii_topic = raw_topic(topics.jobs["pii"])
     holder: dict[str, object] = {}
 
     async def pool() -> asyncpg.Pool:
@@ -122,6 +126,12 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
                                                    batch_size=settings.embedding_batch_size)
         return holder["pipeline"]  # type: ignore[return-value]
 
+    async def scanner() -> PiiScanner:
+        if "scanner" not in holder:
+            client = PiiClient.from_settings(settings, timeout_seconds=settings.pii_detector_timeout_seconds)
+            holder["scanner"] = PiiScanner(await pool(), client, send_event)
+        return holder["scanner"]  # type: ignore[return-value]
+
     @app.agent(events_topic, name="session-projector")
     async def session_projector(stream):
         db = await pool()
@@ -132,6 +142,9 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
                 if applied.unembedded:
                     job = embedding_job(Scope(applied.org_id), applied.event_id, list(applied.unembedded))
                     await embedding_topic.send(key=job.key, value=job.value)
+                if applied.needs_pii_scan:
+                    job = pii_scan_job(Scope(applied.org_id), applied.event_id)
+                    await pii_topic.send(key=job.key, value=job.value)
 
     @app.agent(embedding_topic, name="embedding-pipeline")
     async def embedding_agent(stream):
@@ -159,9 +172,18 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
             except Exception:
                 log.exception("reindex failed", scope=scope.path)
 
+    @app.agent(pii_topic, name="pii-scanner")
+    async def pii_agent(stream):
+        s = await scanner()
+        async for raw in stream:
+            env, memory_event_id = open_pii_scan_job(raw)
+            await _scan(s, {env.scope.org_id: [memory_event_id]})
+
     async def sweep(older_than: dt.timedelta) -> None:
         p = await pipeline()
         await _embed_orgs(p, await p.backlog(older_than=older_than))
+        s = await scanner()
+        await _scan(s, await s.backlog(older_than=older_than))
 
     @app.timer(SWEEP_INTERVAL_S)
     async def sweep_backlog():
@@ -172,6 +194,17 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         await sweep(dt.timedelta(0))
 
     return app
+
+
+async def _scan(s: PiiScanner, memory_ids_by_org: dict[str, list[str]]) -> None:
+    """A scan that cannot even fall back (the database or the log is down) stays pending; the
+    sweep retries it."""
+    for org_id, ids in memory_ids_by_org.items():
+        for memory_event_id in ids:
+            try:
+                await s.scan(org_id, memory_event_id)
+            except Exception:
+                log.exception("pii scan failed; left for the sweep", org_id=org_id, memory_event_id=memory_event_id)
 
 
 async def _embed_orgs(p: EmbeddingPipeline, chunk_ids_by_org: dict[str, list[str]]) -> None:

@@ -87,7 +87,7 @@ class EmbeddingPipeline:
         """Chunks without a vector from the running model, older than `older_than`, by org."""
         async with org_transaction(self.pool, SYSTEM_ORG, readonly=True) as conn:
             rows = await conn.fetch(
-                "SELECT org_id, chunk_id FROM chunks WHERE embedding IS NULL "
+                "SELECT org_id, chunk_id FROM chunks WHERE embedding IS NULL AND searchable "
                 "  AND created_at < now() - $1::interval ORDER BY created_at LIMIT $2",
                 older_than, limit)
         out: dict[str, list[str]] = {}

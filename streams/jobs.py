@@ -11,6 +11,7 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
+import orjson
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from upsquad.context.v1 import context_pb2, stream_pb2
@@ -63,3 +64,17 @@ def reindex_job(scope: Scope, old_model_version: str, new_model_version: str, in
     return envelope("reindex", scope, stream_pb2.ReindexJob(
         scope=scope_path(scope), old_model_version=old_model_version,
         new_model_version=new_model_version, initiated_by=initiated_by, initiated_at=now_timestamp()))
+
+
+# stream.proto has no message for the PII scan: its envelope carries JSON {"memory_event_id"}.
+def pii_scan_job(scope: Scope, memory_event_id: str) -> JobMessage:
+    message_id = str(uuid.uuid4())
+    env = stream_pb2.StreamEnvelope(message_id=message_id, stream=f"pii:{scope.org_id}",
+                                    scope=scope_path(scope), created_at=now_timestamp(),
+                                    payload=orjson.dumps({"memory_event_id": memory_event_id}))
+    return JobMessage(scope.org_id.encode(), env.SerializeToString(), message_id)
+
+
+def open_pii_scan_job(raw: bytes) -> tuple[stream_pb2.StreamEnvelope, str]:
+    env = stream_pb2.StreamEnvelope.FromString(raw)
+    return env, str(orjson.loads(env.payload)["memory_event_id"])

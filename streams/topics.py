@@ -91,6 +91,7 @@ JOB_STREAMS = {
     "reindex": "reindex",
     "metrics:baseline": "metrics-baseline",
     "audit:access": "audit-access",
+    "pii": "pii",  # the engine's own: PII scans of pushed memory (docs/pii.md); not in stream.proto
 }
 
 

@@ -8,8 +8,7 @@ replaced by a stub at the model seam (the healthy DetectPII path, byte offsets, 
 from __future__ import annotations
 
 import pathlib
-import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -19,11 +18,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from context_engine.api.status import error_info
 from context_engine.config import Settings
-from context_engine.inference.detector.gliner_pii import RawSpan
 from context_engine.inference.detector.server import build_detector_server, start_detector
 from context_engine.inference.detector.service import DetectorServicer
 from context_engine.inference.detector.settings import DEFAULT_CANARY_EXPECT, DEFAULT_CANARY_TEXT, DetectorSettings
 from tests.fixtures.detector_models import TinyModels, detector_models  # noqa: F401  (fixture)
+from tests.fixtures.detector_stub import CANARY_ENTITIES, StubModel
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 PG = "prompt-guard-86m"
@@ -57,27 +56,6 @@ async def _serve(settings: DetectorSettings, servicer: DetectorServicer | None =
         servicer.close()
 
 
-class StubModel:
-    """The model seam: finds exact substrings per label, in codepoints, like GLiNER would."""
-
-    def __init__(self, entities: dict[str, str], *, inert: bool = False) -> None:
-        self.entities = entities  # substring -> prompt label
-        self.inert = inert
-        self.calls: list[list[str]] = []
-
-    def predict(self, texts: Sequence[str], labels: Sequence[str], threshold: float) -> list[list[RawSpan]]:
-        self.calls.append(list(texts))
-        if self.inert:
-            return [[] for _ in texts]
-        out = []
-        for text in texts:
-            spans = [RawSpan(m.start(), m.end(), label, 0.9)
-                     for needle, label in self.entities.items() for m in re.finditer(re.escape(needle), text)]
-            out.append(spans[::-1])  # deliberately unsorted
-        return out
-
-
-CANARY_ENTITIES = {"John Smith": "person", "12 March 1985": "date of birth", "221B Baker Street, London": "address"}
 
 
 @pytest.fixture(scope="module")

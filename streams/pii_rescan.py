@@ -1,0 +1,88 @@
+"""`context-engine pii rescan`: scan quarantined memory again, and report what it cleared.
+
+Quarantine is what the fail-closed fallback leaves behind when the detector could not be used.
+A rescan publishes a PII scan job per quarantined memory (the worker scans the ORIGINAL content
+from the archive again) and follows each memory until a newer `memory.scrubbed` was applied:
+'clear' when the detector is healthy now, 'quarantined' again when it is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+
+from context_engine.projections.database import org_transaction
+from context_engine.scope import Scope
+from context_engine.streams.jobs import pii_scan_job
+from context_engine.streams.topics import LogTopics
+
+SYSTEM_ORG = "_system"
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    org_id: str
+    event_id: str
+    scanned_by: str | None  # the memory.scrubbed event that quarantined it
+
+
+@dataclass(frozen=True)
+class RescanReport:
+    asked: int
+    cleared: int
+    still_quarantined: int
+    unfinished: int
+
+
+async def quarantined(pool: asyncpg.Pool, org_id: str | None) -> list[Quarantined]:
+    async with org_transaction(pool, org_id or SYSTEM_ORG, readonly=True) as conn:
+        rows = await conn.fetch(
+            "SELECT org_id, event_id, pii_scanned_by FROM memory_versions "
+            "WHERE pii_status = 'quarantined' AND ($1::text IS NULL OR org_id = $1) ORDER BY created_at",
+            org_id)
+    return [Quarantined(r["org_id"], str(r["event_id"]), r["pii_scanned_by"] and str(r["pii_scanned_by"]))
+            for r in rows]
+
+
+async def request(bootstrap: str, topics: LogTopics, items: list[Quarantined]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for q in items:
+            job = pii_scan_job(Scope(q.org_id), q.event_id)
+            await producer.send_and_wait(topics.jobs["pii"], job.value, key=job.key)
+    finally:
+        await producer.stop()
+
+
+async def follow(pool: asyncpg.Pool, items: list[Quarantined], *, timeout: float,
+                 progress=None) -> RescanReport:
+    """Wait until every item was scanned again (or the timeout); count the outcomes."""
+    left = {(q.org_id, q.event_id): q for q in items}
+    cleared = again = 0
+    deadline = time.monotonic() + timeout
+    while left and time.monotonic() < deadline:
+        for org_id in {k[0] for k in left}:
+            ids = [k[1] for k in left if k[0] == org_id]
+            async with org_transaction(pool, org_id, readonly=True) as conn:
+                rows = await conn.fetch(
+                    "SELECT event_id, pii_status, pii_scanned_by FROM memory_versions "
+                    "WHERE org_id = $1 AND event_id = ANY($2::uuid[])", org_id, ids)
+            for r in rows:
+                key = (org_id, str(r["event_id"]))
+                scanned_by = r["pii_scanned_by"] and str(r["pii_scanned_by"])
+                if scanned_by != left[key].scanned_by:
+                    del left[key]
+                    if r["pii_status"] == "clear":
+                        cleared += 1
+                    else:
+                        again += 1
+                    if progress:
+                        progress(1)
+        if left:
+            await asyncio.sleep(0.1)
+    return RescanReport(len(items), cleared, again, len(left))
