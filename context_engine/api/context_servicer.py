@@ -20,6 +20,9 @@ from context_engine.commands.push_context import PushContext, push_context
 from context_engine.commands.rollback_context import RollbackContext, rollback_context
 from context_engine.errors import Unimplemented
 from context_engine.commands.embed_texts import EmbedTexts, embed_texts
+from context_engine.projections.database import org_transaction
+from context_engine.projections.guardrail_queries import current_layers, layers_by_hash
+from context_engine.projections.prompt_validation import validate_prompt
 from context_engine.projections.pull_context import PullContext, pull_context
 from context_engine.projections.search import SearchQuery, search
 
@@ -29,11 +32,9 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 PENDING: dict[str, str] = {
     "AssembleContext": "issue #5 (assembly and guardrail layers)",
     "Compact": "a later issue (compaction worker)",
-    "ValidatePrompt": "issue #5 (assembly and guardrail layers)",
     "CreateShare": "a later issue (shares)",
     "RevokeShare": "a later issue (shares)",
     "ListShares": "a later issue (shares)",
-    "ResolveGuardrailLayers": "issue #5 (assembly and guardrail layers)",
 }
 
 
@@ -62,11 +63,15 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
 
     async def PullContext(self, request: pb.PullContextRequest, context) -> pb.PullContextResponse:
         result = await pull_context(self.deps.pool, self.deps.freshness, current_principal(), PullContext(
-            agent_id=request.agent_id, session_id=request.session_id, snapshot_name=request.snapshot_name))
+            agent_id=request.agent_id, session_id=request.session_id, snapshot_name=request.snapshot_name),
+            pii_scan_wait_seconds=self.deps.settings.pii_scan_wait_seconds)
         memory = result.memory
+        metadata = dict(memory.metadata)
+        if memory.pii_status != "clear":  # say so: this content is the fail-closed fallback's
+            metadata["engine.pii_status"] = memory.pii_status
         return pb.PullContextResponse(version_hash=result.version_hash, memory_type=memory.memory_type,
                                       content=memory.content, created_at=timestamp(memory.created_at),
-                                      metadata=memory.metadata)
+                                      metadata=metadata)
 
     async def CreateSnapshot(self, request: pb.CreateSnapshotRequest, context) -> pb.CreateSnapshotResponse:
         result = await create_snapshot(self.deps, current_principal(), CreateSnapshot(
@@ -102,6 +107,26 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
             embeddings=[pb.EmbeddingVector(values=v.tolist(), cached=c)
                         for v, c in zip(result.vectors, result.cached)],
             model_version=result.model_version)
+
+
+    async def ResolveGuardrailLayers(self, request: pb.ResolveGuardrailLayersRequest,
+                                     context) -> pb.ResolveGuardrailLayersResponse:
+        scope = current_principal().scope
+        async with org_transaction(self.deps.pool, scope.org_id, readonly=True) as conn:
+            layers = await current_layers(conn, scope)
+        return pb.ResolveGuardrailLayersResponse(layers=[
+            pb.GuardrailLayer(layer_level=r.level, content_hash=r.content_hash, version=r.version,
+                              effective_at=r.effective_at_ms) for r in layers])
+
+    async def ValidatePrompt(self, request: pb.ValidatePromptRequest, context) -> pb.ValidatePromptResponse:
+        scope = current_principal().scope
+        hashes = list(request.layer_hashes)
+        async with org_transaction(self.deps.pool, scope.org_id, readonly=True) as conn:
+            rows = await layers_by_hash(conn, scope, hashes)
+        v = validate_prompt(request.prompt, hashes, {h: r.content for h, r in rows.items()},
+                            levels={h: r.level for h, r in rows.items()})
+        return pb.ValidatePromptResponse(valid=v.valid, violation_code=v.violation_code or "",
+                                         violation_detail=v.violation_detail or "")
 
 
 def search_result_metadata(scored, expansion_applied: bool) -> dict[str, str]:
