@@ -21,6 +21,8 @@ app.add_typer(token_app, name="token")
 app.add_typer(serve_app, name="serve")
 pii_app = typer.Typer(no_args_is_help=True, help="The PII redaction of pushed memory.")
 app.add_typer(pii_app, name="pii")
+stats_app = typer.Typer(no_args_is_help=True, help="What the engine measured.")
+app.add_typer(stats_app, name="stats")
 
 
 def _mount_models_app() -> None:
@@ -298,6 +300,35 @@ def pii_rescan(
                    f"not scanned yet {report.unfinished}")
         if report.still_quarantined or report.unfinished:
             raise typer.Exit(1)
+
+
+@stats_app.command("savings")
+def stats_savings(
+    org: Annotated[Optional[str], typer.Option(help="only this org (default: every org)")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Token savings of AssembleContext against the naive prompt, per org and model, from the
+    sampled calls (BaselineMetricEvent)."""
+    from context_engine.projections.database import create_pool
+    from context_engine.projections.savings_projection import savings
+
+    settings = _stack_settings(data_dir)
+
+    async def go():
+        pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
+        try:
+            return await savings(pool, org)
+        finally:
+            await pool.close()
+
+    rows = asyncio.run(go())
+    if not rows:
+        typer.echo("no sampled AssembleContext calls yet")
+        return
+    typer.echo(f"{'org':<24} {'model':<24} {'samples':>8} {'assembled':>12} {'naive':>12} {'savings':>8}")
+    for r in rows:
+        typer.echo(f"{r.org_id:<24} {r.model_id or '(default)':<24} {r.samples:>8} {r.assembled_tokens:>12} "
+                   f"{r.naive_tokens:>12} {r.savings_ratio:>8.1%}")
 
 
 @app.command()

@@ -90,6 +90,15 @@ class Settings(BaseSettings):
     retrieval_min_score: float = Field(default=0.35, gt=0.0, le=1.0)
     retrieval_min_score_by_org: dict[str, float] = {}
 
+    # AssembleContext (docs/assembly.md).
+    max_token_budget: int = 2_000_000
+    history_window: int = 2000  # most recent session events considered for the history section
+    compaction_threshold: float = Field(default=0.8, gt=0.0, le=1.0)
+    # Share of calls that also count the naive prompt (baseline_tokens, savings_ratio, a
+    # BaselineMetricEvent); per-org overrides as JSON {"acme": 1.0}.
+    savings_sample_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    savings_sample_rate_by_org: dict[str, float] = {}
+
     # PII redaction of pushed memory (docs/pii.md): the detector the worker calls, per call.
     pii_detector_timeout_seconds: float = 2.0
     # PullContext waits this long for a just-pushed version's scan before UNAVAILABLE.
@@ -103,6 +112,9 @@ class Settings(BaseSettings):
         if not 0.0 < value <= 1.0:
             raise ValueError(f"retrieval_min_score for {org_id!r} must be in (0, 1], got {value}")
         return value
+
+    def tenant_sample_rate(self, org_id: str) -> float:
+        return self.savings_sample_rate_by_org.get(org_id, self.savings_sample_rate)
 
     @property
     def home_dir(self) -> pathlib.Path:

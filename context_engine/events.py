@@ -26,6 +26,7 @@ SNAPSHOT_CREATED = "session.snapshot_created"
 SESSION_ROLLED_BACK = "session.rolled_back"
 EMBEDDING_RECORDED = "embedding.recorded"
 MEMORY_SCRUBBED = "memory.scrubbed"
+COMPACTION_THRESHOLD = "session.compaction_threshold"
 GUARDRAIL_PUBLISHED = "guardrail.published"
 
 CURRENT_VERSIONS: dict[str, int] = {
@@ -35,6 +36,7 @@ CURRENT_VERSIONS: dict[str, int] = {
     SESSION_ROLLED_BACK: 1,
     EMBEDDING_RECORDED: 1,
     MEMORY_SCRUBBED: 1,
+    COMPACTION_THRESHOLD: 1,
     GUARDRAIL_PUBLISHED: 1,
 }
 

@@ -39,11 +39,12 @@ async def pull_context(pool, freshness: SessionFreshness, principal: Principal, 
                        *, pii_scan_wait_seconds: float = 5.0) -> Pulled:
     pulled = await _pull(pool, freshness, principal, query)
     if pulled.memory.pii_status == "pending":
-        pulled = dataclasses.replace(pulled, memory=await _scanned(pool, pulled.memory, pii_scan_wait_seconds))
+        pulled = dataclasses.replace(pulled, memory=await await_scan(pool, pulled.memory, pii_scan_wait_seconds))
     return pulled
 
 
-async def _scanned(pool, memory: queries.MemoryVersion, timeout: float) -> queries.MemoryVersion:
+async def await_scan(pool, memory: queries.MemoryVersion, timeout: float) -> queries.MemoryVersion:
+    """The version once its PII scan is applied (bounded wait, then UNAVAILABLE)."""
     deadline = time.monotonic() + timeout
     while True:
         await asyncio.sleep(0.02)

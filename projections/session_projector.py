@@ -86,6 +86,7 @@ import asyncpg
 import orjson
 
 from context_engine.events import (
+    COMPACTION_THRESHOLD,
     EMBEDDING_RECORDED,
     EVENT_INGESTED,
     GUARDRAIL_PUBLISHED,
@@ -99,6 +100,8 @@ from context_engine.events import (
 )
 from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
 from context_engine.scope import Scope
+
+from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, pii_scan_job
 
 from .chunk_projection import SEMANTIC, ChunkProjection
 from .guardrail_projection import apply_guardrail_published
@@ -137,8 +140,9 @@ class Applied:
     session_id: str | None = None
     seq: int | None = None
     version: str | None = None
-    unembedded: tuple[str, ...] = ()  # chunk ids this event added that still need a vector
-    needs_pii_scan: bool = False  # a pushed memory: its content waits for the PII scan
+    # Work this event asks of the job streams, published by the worker after the commit:
+    # (stream kind, JobMessage) — embedding of new chunks, the PII scan of a push, compaction.
+    jobs: tuple[tuple[str, JobMessage], ...] = ()
 
 
 def session_key(org_id: str, session_id: str) -> str:
@@ -185,7 +189,8 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
             unembedded = await applier.chunks.unembedded()
             for i in indexes:
                 if (r := results[i]) is not None and r.outcome == APPLIED and r.event_id in unembedded:
-                    results[i] = dataclasses.replace(r, unembedded=tuple(unembedded[r.event_id]))
+                    job = embedding_job(Scope(org_id), r.event_id, unembedded[r.event_id])
+                    results[i] = dataclasses.replace(r, jobs=(*r.jobs, ("embedding", job)))
         await _set_org(conn, SYSTEM_ORG)
         await _save_offsets(conn, projector, records)
     return [r for r in results if r is not None]
@@ -470,11 +475,14 @@ class _OrgApplier:
                 p.get("agent_id") or sc.agent_id, sid, seq, str(p["memory_type"]), content,
                 _json_text(p.get("metadata") or {}), p.get("content_sha256") or sha256_hex(content),
                 version, ev.occurred))
-            return dataclasses.replace(_applied(rec, ev, APPLIED, sid, seq, version), needs_pii_scan=True)
+            return dataclasses.replace(_applied(rec, ev, APPLIED, sid, seq, version),
+                                       jobs=(("pii", pii_scan_job(ev.scope, ev.event_id)),))
         if ev.type == SNAPSHOT_CREATED:
             return await self._snapshot(rec, ev)
         if ev.type == SESSION_ROLLED_BACK:
             return await self._rollback(rec, ev)
+        if ev.type == COMPACTION_THRESHOLD:
+            return await self._compaction_threshold(rec, ev)
         if ev.type == GUARDRAIL_PUBLISHED:
             return _applied(rec, ev, await apply_guardrail_published(self.conn, self.org_id, ev))
         if ev.type == MEMORY_SCRUBBED:
@@ -591,6 +599,28 @@ class _OrgApplier:
                             metadata=orjson.loads(row["metadata"]), created_at=row["created_at"],
                             pii_status=status, active=row["active"], added_by=ev.event_id)
         return _applied(rec, ev, APPLIED, row["session_id"])
+
+    async def _compaction_threshold(self, rec: LogRecord, ev: Event) -> Applied:
+        """AssembleContext saw the session's history cross 80 % of its budget (or fall back under
+        it): open (close) the session's compaction request. Only the event that opens one asks
+        for a CompactionJob, so there is one job per crossing whoever observed it."""
+        p = ev.payload
+        sid = p["session_id"]
+        if p["crossed"]:
+            opened = await self.conn.fetchval(
+                "INSERT INTO compaction_requests (org_id, session_id, opened_by, token_count, token_budget, opened_at) "
+                "VALUES ($1, $2, $3, $4, $5, $6) "
+                "ON CONFLICT (org_id, session_id) WHERE closed_by IS NULL DO NOTHING RETURNING opened_by",
+                self.org_id, sid, ev.event_id, int(p["token_count"]), int(p["token_budget"]), ev.occurred)
+            if opened is None:
+                return _applied(rec, ev, IGNORED)
+            job = compaction_job(ev.scope, sid, int(p["token_count"]), int(p["token_budget"]))
+            return dataclasses.replace(_applied(rec, ev, APPLIED, sid), jobs=(("compaction", job),))
+        closed = await self.conn.fetchval(
+            "UPDATE compaction_requests SET closed_by = $3, closed_at = $4 "
+            "WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL RETURNING opened_by",
+            self.org_id, sid, ev.event_id, ev.occurred)
+        return _applied(rec, ev, APPLIED if closed else IGNORED, sid)
 
     async def _snapshot(self, rec: LogRecord, ev: Event) -> Applied:
         p = ev.payload

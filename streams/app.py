@@ -9,6 +9,8 @@ Agents:
   Chunks the batch added without a known vector are published as EmbeddingJobs.
 - `embedding-pipeline` — EmbeddingJobs -> `embedding.recorded` events (streams/embedding_pipeline.py).
 - `reindex-worker` — ReindexJobs: re-embed a scope with the running model.
+- `baseline-calculator` — BaselineMetricEvents -> savings per org and model
+  (projections/savings_projection.py).
 - `pii-scanner` — PII scans of pushed memory -> `memory.scrubbed` events (streams/pii_scanner.py).
 - a timer sweeps work asked for and not done (chunks without a vector, memory whose PII scan is
   still pending: a job lost in a crash) at start and every `SWEEP_INTERVAL_S`.
@@ -38,10 +40,10 @@ from context_engine.inference.embedder import embedder_from_settings
 from context_engine.projections.database import create_pool
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import Applied, apply_batch
-from context_engine.scope import Scope
 from context_engine.streams.embedding_pipeline import EmbeddingPipeline
 from context_engine.inference.pii_client import PiiClient
-from context_engine.streams.jobs import embedding_job, open_envelope, open_pii_scan_job, pii_scan_job, scope_of
+from context_engine.projections.savings_projection import apply_samples
+from context_engine.streams.jobs import baseline_sample, open_envelope, open_pii_scan_job, scope_of
 from context_engine.streams.pii_scanner import PiiScanner
 from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
 from context_engine.streams.topics import LogTopics, ensure_topics
@@ -104,6 +106,8 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     embedding_topic = raw_topic(topics.jobs["embedding"])
     reindex_topic = raw_topic(topics.jobs["reindex"])
     pii_topic = raw_topic(topics.jobs["pii"])
+    job_topics = {"embedding": embedding_topic, "pii": pii_topic,
+                  "compaction": raw_topic(topics.jobs["compaction"])}
     holder: dict[str, object] = {}
 
     async def pool() -> asyncpg.Pool:
@@ -139,12 +143,8 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
             records = [LogRecord(e.message.topic, e.message.partition, e.message.offset, e.value)
                        for e in batch]
             for applied in await project_batch(db, records):
-                if applied.unembedded:
-                    job = embedding_job(Scope(applied.org_id), applied.event_id, list(applied.unembedded))
-                    await embedding_topic.send(key=job.key, value=job.value)
-                if applied.needs_pii_scan:
-                    job = pii_scan_job(Scope(applied.org_id), applied.event_id)
-                    await pii_topic.send(key=job.key, value=job.value)
+                for kind, job in applied.jobs:
+                    await job_topics[kind].send(key=job.key, value=job.value)
 
     @app.agent(embedding_topic, name="embedding-pipeline")
     async def embedding_agent(stream):
@@ -171,6 +171,12 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
                 log.info("reindexed", scope=scope.path, contents=n, model_version=p.model_version)
             except Exception:
                 log.exception("reindex failed", scope=scope.path)
+
+    @app.agent(raw_topic(topics.jobs["metrics:baseline"]), name="baseline-calculator")
+    async def baseline_agent(stream):
+        db = await pool()
+        async for batch in stream.take(JOB_BATCH_MAX, within=JOB_BATCH_WITHIN_S):
+            await apply_samples(db, [baseline_sample(raw) for raw in batch])
 
     @app.agent(pii_topic, name="pii-scanner")
     async def pii_agent(stream):

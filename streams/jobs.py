@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from upsquad.context.v1 import context_pb2, stream_pb2
 
+from context_engine.projections.savings_projection import Sample
 from context_engine.scope import Scope
 
 
@@ -41,10 +42,16 @@ class JobMessage:
     message_id: str
 
 
+# Logical streams that are one stream for every org (the others are `<kind>:<org_id>`).
+SHARED_STREAMS = frozenset({"metrics:baseline", "audit:access"})
+
+
 def envelope(kind: str, scope: Scope, payload: Message) -> JobMessage:
-    """Wrap `payload` for the logical stream `<kind>:<org_id>`, keyed by org_id."""
+    """Wrap `payload` for the logical stream `<kind>:<org_id>` (or the shared stream `kind`),
+    keyed by org_id."""
     message_id = str(uuid.uuid4())
-    env = stream_pb2.StreamEnvelope(message_id=message_id, stream=f"{kind}:{scope.org_id}",
+    stream = kind if kind in SHARED_STREAMS else f"{kind}:{scope.org_id}"
+    env = stream_pb2.StreamEnvelope(message_id=message_id, stream=stream,
                                     scope=scope_path(scope), created_at=now_timestamp(),
                                     payload=payload.SerializeToString())
     return JobMessage(scope.org_id.encode(), env.SerializeToString(), message_id)
@@ -58,6 +65,12 @@ def open_envelope(raw: bytes, payload_type: type[Message]) -> tuple[stream_pb2.S
 def embedding_job(scope: Scope, event_id: str, chunk_ids: list[str]) -> JobMessage:
     return envelope("embedding", scope, stream_pb2.EmbeddingJob(
         event_id=event_id, chunk_ids=chunk_ids, scope=scope_path(scope), queued_at=now_timestamp()))
+
+
+def compaction_job(scope: Scope, session_id: str, token_count: int, token_budget: int) -> JobMessage:
+    return envelope("compaction", scope, stream_pb2.CompactionJob(
+        session_id=session_id, scope=scope_path(scope), current_token_count=token_count,
+        token_budget=token_budget, strategy="sliding_window", triggered_at=now_timestamp()))
 
 
 def reindex_job(scope: Scope, old_model_version: str, new_model_version: str, initiated_by: str) -> JobMessage:
@@ -78,3 +91,18 @@ def pii_scan_job(scope: Scope, memory_event_id: str) -> JobMessage:
 def open_pii_scan_job(raw: bytes) -> tuple[stream_pb2.StreamEnvelope, str]:
     env = stream_pb2.StreamEnvelope.FromString(raw)
     return env, str(orjson.loads(env.payload)["memory_event_id"])
+
+
+def baseline_metric(scope: Scope, *, prompt_id: str, session_id: str, assembled_tokens: int,
+                    naive_tokens: int, model_id: str) -> JobMessage:
+    return envelope("metrics:baseline", scope, stream_pb2.BaselineMetricEvent(
+        prompt_id=prompt_id, scope=scope_path(scope), session_id=session_id,
+        assembled_tokens=assembled_tokens, naive_tokens=naive_tokens, model_id=model_id,
+        sampled_at=now_timestamp()))
+
+
+def baseline_sample(raw: bytes) -> Sample:
+    """A metrics:baseline message as the baseline calculator stores it."""
+    env, event = open_envelope(raw, stream_pb2.BaselineMetricEvent)
+    return Sample(env.message_id, env.scope.org_id, event.prompt_id, event.session_id, event.model_id,
+                  event.assembled_tokens, event.naive_tokens, event.sampled_at.ToDatetime(tzinfo=dt.UTC))

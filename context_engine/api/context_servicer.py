@@ -13,6 +13,7 @@ from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.api.interceptors import current_principal, metadata_value
+from context_engine.commands.assemble_context import AssembleContext, assemble_context
 from context_engine.commands.create_snapshot import CreateSnapshot, create_snapshot
 from context_engine.commands.deps import Deps
 from context_engine.commands.ingest_event import IngestEvent, ingest_event
@@ -30,7 +31,6 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 
 # Where each RPC not built yet is built: the issue that brings it.
 PENDING: dict[str, str] = {
-    "AssembleContext": "issue #5 (assembly and guardrail layers)",
     "Compact": "a later issue (compaction worker)",
     "CreateShare": "a later issue (shares)",
     "RevokeShare": "a later issue (shares)",
@@ -47,6 +47,21 @@ def timestamp(moment: dt.datetime) -> Timestamp:
 class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
+
+    async def AssembleContext(self, request: pb.AssembleContextRequest, context) -> pb.AssembleContextResponse:
+        a = await assemble_context(self.deps, current_principal(), AssembleContext(
+            session_id=request.session_id, task_description=request.task_description,
+            token_budget=request.token_budget, model_id=request.model_id, hints=dict(request.hints)))
+        q = a.quality
+        return pb.AssembleContextResponse(
+            prompt_id=a.prompt_id, assembled_prompt=a.prompt, cache_prefix_bytes=a.cache_prefix_bytes,
+            assembled_tokens=a.assembled_tokens, baseline_tokens=a.baseline_tokens, savings_ratio=a.savings_ratio,
+            version_hash=a.version_hash, chunk_ids=a.chunk_ids,
+            quality=pb.QualityAttestation(
+                confidence_score=q.confidence_score, expansion_applied=q.expansion_applied,
+                fallback_used=q.fallback_used, fallback_reason=q.fallback_reason,
+                retrieval_outcome=int(q.retrieval_outcome), effective_min_score=q.effective_min_score,
+                results_below_threshold=q.results_below_threshold))
 
     async def IngestEvent(self, request: pb.IngestEventRequest, context) -> pb.IngestEventResponse:
         result = await ingest_event(self.deps, current_principal(), IngestEvent(

@@ -34,6 +34,7 @@ def bag_of_words_vector(text: str) -> list[float]:
 
 class EmbeddingsHandler(http.server.BaseHTTPRequestHandler):
     requests_seen: list[dict] = []
+    rejecting = False  # answer 400: the embedder fails without retrying
 
     def do_POST(self):  # noqa: N802 - http.server's naming
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -41,6 +42,9 @@ class EmbeddingsHandler(http.server.BaseHTTPRequestHandler):
             self.send_error(401 if self.path == "/v1/embeddings" else 404)
             return
         type(self).requests_seen.append(body)
+        if type(self).rejecting:
+            self.send_error(400, "model overloaded for this test")
+            return
         data = [{"object": "embedding", "index": i, "embedding": bag_of_words_vector(t)}
                 for i, t in enumerate(body["input"])]
         payload = json.dumps({"object": "list", "model": body["model"], "data": data,
@@ -91,6 +95,18 @@ async def test_an_openai_compatible_embedder_drives_embed_and_search(
         found = await caller("Search", pb.SearchRequest(query="orchard festival", min_score=1e-6))
         assert "orchard" in found.results[0].content
         assert float(dict(found.results[0].metadata)["engine.score.vector"]) > 0.3
+
+        # The query embedder failing: AssembleContext degrades to recency and says so.
+        EmbeddingsHandler.rejecting = True
+        try:
+            reply = await caller("AssembleContext", pb.AssembleContextRequest(
+                session_id="s", task_description="orchard festival", token_budget=1000, model_id="gpt-4"))
+        finally:
+            EmbeddingsHandler.rejecting = False
+        q = reply.quality
+        assert q.fallback_used and q.fallback_reason.startswith("retrieval failed")
+        assert q.retrieval_outcome == pb.RETRIEVAL_OUTCOME_UNSPECIFIED and q.effective_min_score > 0
+        assert "orchard harvest" in reply.assembled_prompt.split("## Recent conversation")[1]
 
 
 async def test_reindex_re_embeds_a_scope_whose_vectors_came_from_another_model(engine):

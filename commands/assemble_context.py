@@ -1,0 +1,297 @@
+"""AssembleContext: the hot path. Layers, pinned chunks, required items, retrieved chunks and
+recent history packed within the caller's token budget (projections/prompt_packing.py), with the
+quality attestation, savings sampling and the compaction trigger (docs/assembly.md).
+
+Reads come from one read-only transaction (app.org_id set); retrieval is `projections.search`,
+the code path Search uses, so the two report the same outcome for the same retrieval.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import uuid
+from dataclasses import dataclass, field
+
+import orjson
+import structlog
+
+from context_engine import validation
+from context_engine.auth import Principal
+from context_engine.commands.deps import Deps
+from context_engine.commands.session_access import require_readable
+from context_engine.errors import DomainError, FailedPrecondition, InvalidArgument, NotFound
+from context_engine.events import COMPACTION_THRESHOLD, Event, session_aggregate
+from context_engine.hashing import merkle_root
+from context_engine.inference import tokens
+from context_engine.projections import queries
+from context_engine.projections.database import org_transaction
+from context_engine.projections.guardrail_queries import current_layers
+from context_engine.projections.prompt_packing import Block, Packed, pack
+from context_engine.projections.pull_context import await_scan
+from context_engine.projections.retrieval.outcome import MAX_TOP_K, Outcome
+from context_engine.projections.search import MAX_QUERY_BYTES, SearchOutcome, SearchQuery, search
+from context_engine.streams.jobs import baseline_metric
+from context_engine.streams.topics import LogTopics
+
+log = structlog.get_logger("context_engine.assembly")
+
+PINNED_HINT = "pinned_chunk_ids"
+MUST_INCLUDE_HINT = "must_include"
+MAX_HINT_ITEMS = 32
+MEMORY_KEYS = ("working", "episodic", "semantic")
+
+
+@dataclass(frozen=True)
+class AssembleContext:
+    session_id: str
+    task_description: str = ""
+    token_budget: int = 0
+    model_id: str = ""
+    hints: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Quality:
+    confidence_score: float
+    expansion_applied: bool
+    fallback_used: bool
+    fallback_reason: str
+    retrieval_outcome: Outcome
+    effective_min_score: float
+    results_below_threshold: int
+
+
+@dataclass(frozen=True)
+class Assembled:
+    prompt_id: str
+    prompt: str
+    cache_prefix_bytes: int
+    assembled_tokens: int
+    baseline_tokens: int
+    savings_ratio: float
+    version_hash: str
+    chunk_ids: list[str]
+    quality: Quality
+
+
+def _hint_list(hints: dict[str, str], key: str) -> list[str]:
+    items = [x.strip() for x in hints.get(key, "").split(",") if x.strip()]
+    if len(items) > MAX_HINT_ITEMS:
+        raise InvalidArgument(f"hints.{key}", f"holds {len(items)} items; at most {MAX_HINT_ITEMS}")
+    return list(dict.fromkeys(items))
+
+
+def _validate(cmd: AssembleContext, max_budget: int) -> tuple[list[str], list[str]]:
+    validation.session_id(cmd.session_id)
+    if not 1 <= cmd.token_budget <= max_budget:
+        raise InvalidArgument("token_budget", f"must be between 1 and {max_budget}, got {cmd.token_budget}")
+    if len(cmd.model_id) > 128:
+        raise InvalidArgument("model_id", "must be at most 128 characters")
+    if len(cmd.task_description.encode()) > MAX_QUERY_BYTES:
+        raise InvalidArgument("task_description", f"must be at most {MAX_QUERY_BYTES} bytes")
+    pinned = _hint_list(cmd.hints, PINNED_HINT)
+    for chunk_id in pinned:
+        try:
+            uuid.UUID(chunk_id)
+        except ValueError:
+            raise InvalidArgument(f"hints.{PINNED_HINT}", f"{chunk_id!r} is not a chunk id (UUID)") from None
+    required = _hint_list(cmd.hints, MUST_INCLUDE_HINT)
+    for key in required:
+        if key not in MEMORY_KEYS and not key.startswith("event:"):
+            raise InvalidArgument(f"hints.{MUST_INCLUDE_HINT}",
+                                  f"{key!r} is not a key: use one of {', '.join(MEMORY_KEYS)} or event:<event_id>")
+    return pinned, required
+
+
+def _text(content: bytes) -> str:
+    return bytes(content).decode("utf-8", errors="replace").strip()
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContext) -> Assembled:
+    pinned_ids, required_keys = _validate(cmd, deps.settings.max_token_budget)
+    scope, org = principal.scope, principal.scope.org_id
+    visible = [s.path for s in scope.ancestors()]
+    await deps.freshness.wait(f"{org}/{cmd.session_id}")
+    async with org_transaction(deps.pool, org, readonly=True) as conn:
+        session = await queries.get_session(conn, org, cmd.session_id)
+        if session is not None:
+            require_readable(session, scope, cmd.session_id)
+        layers = [Block("layer", r.content, r.content_hash, key=f"L{r.level}") for r in await current_layers(conn, scope)]
+        pinned = await _pinned(conn, org, visible, pinned_ids)
+        required = [await _required(conn, org, scope.agent_id, cmd.session_id, visible, key, deps)
+                    for key in required_keys]
+        history_rows = await conn.fetch(
+            "SELECT event_id, content, metadata::text AS metadata FROM session_events "
+            "WHERE org_id = $1 AND session_id = $2 AND active ORDER BY seq DESC LIMIT $3",
+            org, cmd.session_id, deps.settings.history_window)
+        session_tokens = await conn.fetchval(
+            "SELECT coalesce(sum(token_count), 0) FROM session_events WHERE org_id = $1 AND session_id = $2 AND active",
+            org, cmd.session_id)
+        compaction_open = await conn.fetchval(
+            "SELECT true FROM compaction_requests WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL",
+            org, cmd.session_id) or False
+    history = [Block("history", _history_text(r), "", key=str(r["event_id"]), source=str(r["event_id"]))
+               for r in history_rows]
+    history = [b for b in history if b.text]
+
+    floor = deps.settings.tenant_min_score(org)
+    retrieval, failure = await _retrieve(deps, scope, cmd.task_description, floor)
+    retrieved = [Block("retrieved", s.payload.content, s.payload.content_hash, key=s.chunk_id, score=s.score,
+                       source=s.payload.source_event_id)
+                 for s in (retrieval.result.results if retrieval else ())]
+
+    def count(text: str) -> int:
+        return tokens.count_tokens(text, cmd.model_id)
+
+    packed = pack(layers=layers, pinned=pinned, required=required, retrieved=retrieved,
+                  history_newest_first=history, budget=cmd.token_budget, count=count)
+    prompt_id = _sha(packed.prompt)
+    chunk_ids = await _chunk_ids(deps, org, packed)
+    quality = _quality(retrieval, failure, packed, floor)
+    baseline = 0
+    if random.random() < deps.settings.tenant_sample_rate(org):
+        baseline = await _baseline(deps, org, visible, layers, count, session_tokens, packed, prompt_id, cmd, scope)
+    await _compaction_trigger(deps, principal, cmd, session_tokens, compaction_open)
+    return Assembled(
+        prompt_id=prompt_id, prompt=packed.prompt, cache_prefix_bytes=packed.prefix_bytes,
+        assembled_tokens=packed.tokens, baseline_tokens=baseline,
+        savings_ratio=(baseline - packed.tokens) / baseline if baseline else 0.0,
+        version_hash=merkle_root([_sha(b.text) for b in packed.blocks]), chunk_ids=chunk_ids, quality=quality)
+
+
+def _history_text(row) -> str:
+    text = _text(row["content"])
+    role = orjson.loads(row["metadata"] or "{}").get("role") if row["metadata"] else None
+    return f"{role}: {text}" if role and text else text
+
+
+async def _pinned(conn, org: str, visible: list[str], ids: list[str]) -> list[Block]:
+    if not ids:
+        return []
+    rows = {str(r["chunk_id"]): r for r in await conn.fetch(
+        "SELECT chunk_id, content, content_hash FROM chunks WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) "
+        "  AND searchable AND scope_path = ANY($3::text[])", org, ids, visible)}
+    missing = [i for i in ids if str(uuid.UUID(i)) not in rows]
+    if missing:  # absent, rolled back, quarantined or not the caller's: one answer for all
+        raise NotFound(f"hints.{PINNED_HINT}: chunk(s) {', '.join(missing)} not found in the caller's corpus",
+                       reason="PINNED_CHUNK_NOT_FOUND", metadata={"field": f"hints.{PINNED_HINT}"})
+    return [Block("pinned", rows[str(uuid.UUID(i))]["content"], rows[str(uuid.UUID(i))]["content_hash"],
+                  key=str(uuid.UUID(i))) for i in ids]
+
+
+async def _required(conn, org: str, agent_id: str, session_id: str, visible: list[str], key: str,
+                    deps: Deps) -> Block:
+    field_name = f"hints.{MUST_INCLUDE_HINT}"
+    if key.startswith("event:"):
+        event_id = key.split(":", 1)[1]
+        try:
+            eid = uuid.UUID(event_id)
+        except ValueError:
+            raise InvalidArgument(field_name, f"{key!r}: {event_id!r} is not an event id (UUID)") from None
+        row = await conn.fetchrow(
+            "SELECT event_id, content FROM session_events WHERE org_id = $1 AND session_id = $2 "
+            "  AND event_id = $3 AND active", org, session_id, eid)
+        if row is None:
+            raise NotFound(f"{field_name}: {key!r}: no such active event in session {session_id!r}",
+                           reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
+        return Block("required", _text(row["content"]), "", key=key, source=str(row["event_id"]))
+    memory = await queries.latest_memory(conn, org, agent_id, session_id, visible, memory_type=key)
+    if memory is None:
+        raise NotFound(f"{field_name}: {key!r}: agent {agent_id!r} has no {key} memory in session {session_id!r}",
+                       reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
+    if memory.pii_status == "pending":  # just pushed: its scan is moments away
+        memory = await await_scan(deps.pool, memory, deps.settings.pii_scan_wait_seconds)
+    if memory.pii_status != "clear":
+        raise FailedPrecondition(
+            f"{field_name}: {key!r}: the latest {key} memory is {memory.pii_status} by the PII scan "
+            "(quarantined memory is not assembled until `context-engine pii rescan` clears it)",
+            reason="MEMORY_NOT_CLEARED", metadata={"field": field_name})
+    return Block("required", _text(memory.content), "", key=key)
+
+
+async def _retrieve(deps: Deps, scope, task: str, floor: float) -> tuple[SearchOutcome | None, str]:
+    if not task.strip():
+        return None, "no task_description: recency-only context"
+    try:
+        return await search(deps.pool, deps.embedder, scope, SearchQuery(query=task, top_k=MAX_TOP_K), floor), ""
+    except DomainError as exc:
+        if isinstance(exc, InvalidArgument):
+            raise InvalidArgument("task_description", exc.message) from exc
+        return None, f"retrieval failed: {exc.message}"
+    except Exception as exc:  # the hot path degrades to recency, and says so
+        log.exception("retrieval failed; assembling from recency")
+        return None, f"retrieval failed: {type(exc).__name__}: {exc}"
+
+
+def _quality(retrieval: SearchOutcome | None, failure: str, packed: Packed, floor: float) -> Quality:
+    if retrieval is None:
+        return Quality(0.0, False, True, failure, Outcome.UNSPECIFIED, floor, 0)
+    r = retrieval.result
+    included = [b.score for b in packed.blocks if b.kind == "retrieved" and b.score is not None]
+    confidence = sum(included) / len(included) if included else 0.0
+    if r.outcome in (Outcome.NO_RESULTS, Outcome.BELOW_THRESHOLD):
+        used, reason = True, r.outcome_name
+    elif not included:
+        used, reason = False, f"{r.outcome_name}: none of the {len(r.results)} retrieved chunks fit the token budget"
+    else:
+        used, reason = False, ""
+    return Quality(confidence, retrieval.expansion_applied, used, reason, r.outcome, r.effective_min_score,
+                   r.results_below_threshold)
+
+
+async def _chunk_ids(deps: Deps, org: str, packed: Packed) -> list[str]:
+    """Chunk ids in prompt order: pinned and retrieved chunks, and the chunks of included turns."""
+    sources = [b.source for b in packed.blocks if b.kind in ("history", "required") and b.source]
+    by_source: dict[str, list[str]] = {}
+    if sources:
+        async with org_transaction(deps.pool, org, readonly=True) as conn:
+            for r in await conn.fetch(
+                    "SELECT source_event_id, chunk_id FROM chunks WHERE org_id = $1 "
+                    "AND source_event_id = ANY($2::uuid[]) ORDER BY source_event_id, chunk_index", org, sources):
+                by_source.setdefault(str(r["source_event_id"]), []).append(str(r["chunk_id"]))
+    out: list[str] = []
+    for b in packed.blocks:
+        if b.kind in ("pinned", "retrieved"):
+            out.append(b.key)
+        elif b.source:
+            out += by_source.get(b.source, [])
+    return out
+
+
+async def _baseline(deps: Deps, org, visible, layers, count, session_tokens: int, packed: Packed,
+                    prompt_id: str, cmd: AssembleContext, scope) -> int:
+    """The naive prompt's tokens: every layer, the whole session history, every chunk the caller
+    could retrieve, unoptimised. History and corpus use the counts stored at ingest (cl100k)."""
+    async with org_transaction(deps.pool, org, readonly=True) as conn:
+        corpus = await conn.fetchval(
+            "SELECT coalesce(sum(token_count), 0) FROM chunks WHERE org_id = $1 AND searchable "
+            "AND scope_path = ANY($2::text[])", org, visible)
+    naive = sum(count(b.text) for b in layers) + int(session_tokens) + int(corpus)
+    naive = max(naive, packed.tokens)
+    job = baseline_metric(scope, prompt_id=prompt_id, session_id=cmd.session_id, assembled_tokens=packed.tokens,
+                          naive_tokens=naive, model_id=cmd.model_id)
+    try:
+        await deps.log.publish(LogTopics.from_settings(deps.settings).jobs["metrics:baseline"], org, job.value)
+    except Exception:  # telemetry never fails the hot path
+        log.warning("baseline metric not published", org_id=org, prompt_id=prompt_id)
+    return naive
+
+
+async def _compaction_trigger(deps: Deps, principal: Principal, cmd: AssembleContext, session_tokens: int,
+                              open_request: bool) -> None:
+    crossed = session_tokens > deps.settings.compaction_threshold * cmd.token_budget
+    if crossed == open_request:
+        return
+    org = principal.scope.org_id
+    event = Event(COMPACTION_THRESHOLD, principal.scope, session_aggregate(org, cmd.session_id), principal.subject, {
+        "session_id": cmd.session_id, "crossed": crossed, "token_count": int(session_tokens),
+        "token_budget": cmd.token_budget})
+    try:
+        await deps.append(event, f"{org}/{cmd.session_id}")
+    except Exception:  # the next call observes the crossing again
+        log.warning("compaction threshold not recorded", org_id=org, session_id=cmd.session_id)
