@@ -19,7 +19,7 @@ from context_engine.commands.deps import Deps
 from context_engine.commands.ingest_event import IngestEvent, ingest_event
 from context_engine.commands.push_context import PushContext, push_context
 from context_engine.commands.rollback_context import RollbackContext, rollback_context
-from context_engine.errors import Unimplemented
+from context_engine.errors import InvalidArgument, Unimplemented
 from context_engine.commands.embed_texts import EmbedTexts, embed_texts
 from context_engine.projections.database import org_transaction
 from context_engine.projections.guardrail_queries import current_layers, layers_by_hash
@@ -135,6 +135,10 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
 
     async def ValidatePrompt(self, request: pb.ValidatePromptRequest, context) -> pb.ValidatePromptResponse:
         scope = current_principal().scope
+        if not request.prompt:
+            raise InvalidArgument("prompt", "must not be empty")
+        if len(request.prompt.encode()) > self.deps.settings.max_content_bytes:
+            raise InvalidArgument("prompt", f"is larger than {self.deps.settings.max_content_bytes} bytes")
         hashes = list(request.layer_hashes)
         async with org_transaction(self.deps.pool, scope.org_id, readonly=True) as conn:
             rows = await layers_by_hash(conn, scope, hashes)
