@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import os
 import pathlib
@@ -60,6 +61,19 @@ def _stack_settings(data_dir: pathlib.Path | None) -> Settings:
             f"no running stack in {settings.home_dir} and no CONTEXT_ENGINE_DATABASE_URL / "
             "CONTEXT_ENGINE_KAFKA_BOOTSTRAP: start `context-engine up` or set both")
     return settings
+
+
+@contextlib.asynccontextmanager
+async def admin_pool(settings: Settings):
+    """One admin connection for a command run beside the stack (RLS still applies: every query
+    sets app.org_id)."""
+    from context_engine.projections.database import create_pool
+
+    pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 def _progress(description: str):
@@ -220,7 +234,6 @@ def reindex(
     import time
 
     from context_engine.inference.embedder import embedder_from_settings
-    from context_engine.projections.database import create_pool
     from context_engine.scope import Scope
     from context_engine.streams import reindex as reindexing
     from context_engine.streams.topics import LogTopics
@@ -231,8 +244,7 @@ def reindex(
     model = embedder_from_settings(settings).model_version
 
     async def go() -> bool:
-        pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
-        try:
+        async with admin_pool(settings) as pool:
             before = await reindexing.progress(pool, scope, model)
             await reindexing.request(settings.kafka_bootstrap, LogTopics.from_settings(settings), scope,
                                      old_model_version=before.previous_model, new_model_version=model,
@@ -254,8 +266,6 @@ def reindex(
                     if time.monotonic() > deadline:
                         return False
                     await asyncio.sleep(0.5)
-        finally:
-            await pool.close()
 
     if not asyncio.run(go()):
         typer.echo(f"reindex not finished after {timeout}; it continues in the worker", err=True)
@@ -272,7 +282,6 @@ def pii_rescan(
     """Scan quarantined memory again; with a healthy detector it becomes searchable."""
     from tqdm import tqdm
 
-    from context_engine.projections.database import create_pool
     from context_engine.streams import pii_rescan as rescan
     from context_engine.streams.topics import LogTopics
 
@@ -280,8 +289,7 @@ def pii_rescan(
     limit = parse_duration(timeout).total_seconds()
 
     async def go():
-        pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
-        try:
+        async with admin_pool(settings) as pool:
             items = await rescan.quarantined(pool, org)
             typer.echo(f"{len(items)} quarantined memory version(s) to scan again")
             if not items:
@@ -291,8 +299,6 @@ def pii_rescan(
                 return None
             with tqdm(total=len(items), desc="pii rescan", unit="memory") as bar:
                 return await rescan.follow(pool, items, timeout=limit, progress=bar.update)
-        finally:
-            await pool.close()
 
     report = asyncio.run(go())
     if report is not None:
@@ -309,17 +315,13 @@ def stats_savings(
 ) -> None:
     """Token savings of AssembleContext against the naive prompt, per org and model, from the
     sampled calls (BaselineMetricEvent)."""
-    from context_engine.projections.database import create_pool
     from context_engine.projections.savings_projection import savings
 
     settings = _stack_settings(data_dir)
 
     async def go():
-        pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
-        try:
+        async with admin_pool(settings) as pool:
             return await savings(pool, org)
-        finally:
-            await pool.close()
 
     rows = asyncio.run(go())
     if not rows:
@@ -368,7 +370,6 @@ def guardrail_publish(
     from context_engine.commands import publish_guardrail as pg
     from context_engine.errors import InvalidArgument
     from context_engine.guardrails.signing import ensure_signing_key, layer_scope, load_signing_key, operator_key_path
-    from context_engine.projections.database import create_pool
     from context_engine.streams.topics import LogTopics
 
     try:
@@ -386,14 +387,11 @@ def guardrail_publish(
     topics = LogTopics.from_settings(settings)
 
     async def go():
-        pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
-        try:
+        async with admin_pool(settings) as pool:
             return await pg.publish_guardrail(
                 command, key=key, pool=pool, bootstrap=settings.kafka_bootstrap, topic=topics.events,
                 partitions=topics.partitions[topics.events], timeout=limit,
                 actor=f"cli:{os.environ.get('USER', 'operator')}")
-        finally:
-            await pool.close()
 
     try:
         published = asyncio.run(go())
@@ -415,7 +413,6 @@ def guardrail_list(
     """Print the current layers a caller at this scope gets, L1 first."""
     from context_engine.commands import publish_guardrail as pg
     from context_engine.errors import InvalidArgument
-    from context_engine.projections.database import create_pool
     from context_engine.scope import Scope
 
     try:
@@ -425,11 +422,8 @@ def guardrail_list(
     settings = _stack_settings(data_dir)
 
     async def go():
-        pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
-        try:
+        async with admin_pool(settings) as pool:
             return await pg.list_layers(pool, caller)
-        finally:
-            await pool.close()
 
     rows = asyncio.run(go())
     for row in rows:

@@ -18,7 +18,7 @@ from context_engine.streams.replay import create_database, drop_database, read_l
 from context_engine.streams.topics import LogTopics
 from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
 from tests.fixtures.engine import unique
-from tests.integration.test_session_write_path import expect_error
+from tests.integration.test_session_write_path import expect_error, session_version
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +173,7 @@ async def test_rolled_back_turns_leave_the_search(engine):
     org = unique("org")
     caller = engine.caller(org, clearance=4)
     await ingest(caller, "s", ["The launch codename is Bluebird."])
-    version = await _session_version(engine, org, "s")
+    version = await session_version(engine, org, "s")
     await ingest(caller, "s", ["Correction: the launch codename is Kestrel."])
     before = await search(caller, "launch codename Kestrel", min_score=1e-6)
     assert any("Kestrel" in r.content for r in before.results)
@@ -181,15 +181,6 @@ async def test_rolled_back_turns_leave_the_search(engine):
     after = await search(caller, "launch codename Kestrel", min_score=1e-6)
     assert all("Kestrel" not in r.content for r in after.results)
     assert any("Bluebird" in r.content for r in after.results)
-
-
-async def _session_version(engine, org, session_id):
-    conn = await asyncpg.connect(engine.settings.database_url)
-    try:
-        return await conn.fetchval("SELECT version FROM sessions WHERE org_id = $1 AND session_id = $2",
-                                   org, session_id)
-    finally:
-        await conn.close()
 
 
 async def test_bm25_equals_the_reference_over_the_visible_corpus(engine):
