@@ -14,16 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import pathlib
-import platform
-import re
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -35,55 +27,7 @@ from upsquad.context.v1 import context_pb2_grpc
 from context_engine.auth import ensure_dev_key, mint_token
 from context_engine.streams.replay import create_database, read_archive, read_log, replay
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def machine() -> str:
-    cpu = "unknown cpu"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
-class Stack:
-    def __init__(self, home: pathlib.Path) -> None:
-        self.home = home
-        self.api_port, self.detector_port = free_port(), free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
-        env["CONTEXT_ENGINE_LOG_LEVEL"] = "WARNING"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "context_engine.cli", "up", "--data-dir", str(home),
-             "--api-port", str(self.api_port), "--detector-port", str(self.detector_port)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-
-    def wait_serving(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        for line in self.proc.stdout:
-            if "SERVING after" in line:
-                return
-            if time.monotonic() > deadline:
-                break
-        raise RuntimeError("stack did not start")
-
-    def endpoints(self) -> dict[str, str]:
-        return json.loads((self.home / "run" / "stack.json").read_text())
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
+from common import Stack, machine, percentile
 
 
 async def drive(port: int, token: str, org: str, clients: int, seconds: float, payload: bytes) -> list[float]:

@@ -1,0 +1,224 @@
+"""What the benchmarks under bench/ share: a real stack in a scratch directory, the machine line,
+percentiles, tokens, waiting for the embedding pipeline and for an idle stack, and LoCoMo.
+
+`Stack` runs `context-engine up` exactly as a user does (embedded PostgreSQL + tansu + worker +
+API + detector as separate processes) on free ports, in a data directory the caller chooses; a
+second Stack on the same directory keeps the data (the broker is restored from the archive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as dt
+import json
+import os
+import pathlib
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from context_engine.auth import ensure_dev_key, mint_token
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def machine() -> str:
+    cpu = "unknown cpu"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages: the machine is shared, so say how busy it was."""
+    return "load average " + " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+class Stack:
+    """`context-engine up --data-dir home` on free ports; `stop()` sends SIGTERM and waits."""
+
+    def __init__(self, home: pathlib.Path) -> None:
+        self.home = home
+        self.api_port, self.detector_port = free_port(), free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
+        env["CONTEXT_ENGINE_LOG_LEVEL"] = "WARNING"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "context_engine.cli", "up", "--data-dir", str(home),
+             "--api-port", str(self.api_port), "--detector-port", str(self.detector_port)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.output: collections.deque[str] = collections.deque(maxlen=50)  # last lines of `up`
+        self.postgres_pid: int | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.api_port}"
+
+    def wait_serving(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        for line in self.proc.stdout:
+            self.output.append(line.rstrip())
+            if match := re.search(r"PostgreSQL \(embedded, pid (\d+)\)", line):
+                self.postgres_pid = int(match[1])
+            if "SERVING after" in line:
+                # Keep reading what `up` prints so a full pipe can never block it.
+                threading.Thread(target=self._drain, daemon=True).start()
+                return
+            if time.monotonic() > deadline:
+                break
+        raise RuntimeError("stack did not start:\n" + "\n".join(self.output))
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self.output.append(line.rstrip())
+
+    def endpoints(self) -> dict[str, str]:
+        return json.loads((self.home / "run" / "stack.json").read_text())
+
+    def token(self, org: str, *, pillar: str = "", team: str = "", agent: str = "", clearance: int = 1,
+              ttl: dt.timedelta = dt.timedelta(hours=6)) -> str:
+        key = ensure_dev_key(self.home / "keys" / "jwt-hs256.key")
+        return mint_token(key, org=org, pillar=pillar, team=team, agent=agent, clearance=clearance, ttl=ttl)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def stack_pids(stack: Stack) -> list[int]:
+    """`up` and everything under it, plus the embedded PostgreSQL server and its backends (pg_ctl
+    detaches the postmaster, so it is not under `up`)."""
+    roots = [stack.proc.pid] + ([stack.postgres_pid] if stack.postgres_pid else [])
+    tree, seen, todo = _children(), [], list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.append(pid)
+            todo.extend(tree.get(pid, []))
+    return seen
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(stack: Stack, *, below: float = 0.5, window: float = 5.0, timeout: float = 900.0) -> float:
+    """Wait until the whole stack uses less than `below` of one core over `window` seconds (after a
+    restart the API restores the log from the archive and the worker re-projects it; after a load
+    the embedding pipeline and autovacuum run on). An idle stack is not at 0: the worker and tansu
+    poll each other every few ms (measured ~0.2-0.25 of a core together). Returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        pids = stack_pids(stack)
+        before = _cpu_seconds(pids)
+        time.sleep(window)
+        if (_cpu_seconds(pids) - before) / window < below:
+            return time.monotonic() - started
+    raise TimeoutError(f"the stack was still busy after {timeout:.0f} s")
+
+
+async def wait_embedded(database_url: str, orgs: list[str], expected_chunks: int | None = None, *,
+                        progress: Callable[[int, int], None] | None = None, poll: float = 1.0,
+                        timeout: float = 6 * 3600) -> tuple[int, int]:
+    """Poll PostgreSQL (admin URL) until every chunk of these orgs has a vector (and, when given,
+    at least `expected_chunks` chunks exist). `progress(embedded, total)` after each poll.
+    Returns (chunks, embedded)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            row = await conn.fetchrow(
+                "SELECT count(*) AS total, count(*) FILTER (WHERE embedding IS NOT NULL) AS embedded "
+                "FROM chunks WHERE org_id = ANY($1::text[])", orgs)
+            total, embedded = row["total"], row["embedded"]
+            if progress is not None:
+                progress(embedded, total)
+            if embedded == total and (expected_chunks is None or total >= expected_chunks):
+                return total, embedded
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{embedded} of {total} chunks embedded after {timeout:.0f} s")
+            await asyncio.sleep(poll)
+    finally:
+        await conn.close()
+
+
+# -- LoCoMo ---------------------------------------------------------------------------------------
+
+LOCOMO_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "locomo"
+_EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    category: int
+    evidence: tuple[str, ...]  # normalised dia_ids ("D8:6"), de-duplicated, in order
+
+
+@dataclass(frozen=True)
+class Conversation:
+    name: str  # the file's stem ("26")
+    turns: tuple[tuple[str, str], ...]  # (dia_id, "speaker: text") in dialogue order
+    questions: tuple[Question, ...]  # every question of the file, all categories
+
+
+def normalise_evidence(entries: list[str]) -> tuple[str, ...]:
+    """`"D8:6; D9:17"`, `D:11:26`, `D30:05` -> D8:6, D9:17, D11:26, D30:5; a bare "D" -> nothing."""
+    ids = [f"D{int(a)}:{int(b)}" for entry in entries for a, b in _EVIDENCE.findall(entry)]
+    return tuple(dict.fromkeys(ids))
+
+
+def load_locomo(directory: pathlib.Path = LOCOMO_DIR, limit: int | None = None) -> list[Conversation]:
+    """The LoCoMo conversations: documents are dialog turns "speaker: text" (no image captions)."""
+    conversations = []
+    for path in sorted(directory.glob("*.json"), key=lambda p: p.stem)[:limit]:
+        data = json.loads(path.read_text())
+        sessions = sorted((k for k in data if re.fullmatch(r"session_\d+", k)), key=lambda k: int(k[8:]))
+        turns = tuple((t["dia_id"], f"{t['speaker']}: {t['text']}") for k in sessions for t in data[k])
+        questions = tuple(Question(q["question"], int(q["category"]), normalise_evidence(q.get("evidence") or []))
+                          for q in data["qa"])
+        conversations.append(Conversation(path.stem, turns, questions))
+    return conversations
