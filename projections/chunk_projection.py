@@ -33,11 +33,18 @@ import asyncpg
 import numpy as np
 import orjson
 
-from context_engine.projections.retrieval.bm25 import term_frequencies
+from context_engine.projections.retrieval.bm25 import B, K1, term_frequencies
 from context_engine.projections.retrieval.chunking import chunk_content
 
 SEMANTIC = "semantic"
 DOMAIN_KEY = "domain"
+IMPACT_REFERENCE_LENGTH = 16.0  # analysed terms; a typical conversation turn
+
+
+def posting_impact(tf: int, doc_length: int) -> float:
+    """BM25's term weight without idf, at a reference average length: orders a term's postings
+    by how much they can contribute (the lexical leg reads the best of each term first)."""
+    return tf * (K1 + 1) / (tf + K1 * (1 - B + B * doc_length / IMPACT_REFERENCE_LENGTH))
 
 
 def vector_to_b64(vector: np.ndarray) -> str:
@@ -66,6 +73,7 @@ class _PendingChunks:
     chunks: list[tuple] = field(default_factory=list)
     terms: list[tuple] = field(default_factory=list)
     stats: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    term_df: dict[tuple[str, str, str], int] = field(default_factory=lambda: defaultdict(int))
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
@@ -98,7 +106,10 @@ class ChunkProjection:
                                         domain, c.content, c.content_hash, c.token_count,
                                         doc.length, meta_json, created_at, active, pii_status))
             for term, tf in doc.tf.items():
-                self.pending.terms.append((term, cid, tf, doc.length, scope_path, domain, searchable))
+                self.pending.terms.append((term, cid, tf, doc.length, scope_path, domain, searchable,
+                                           posting_impact(tf, doc.length)))
+                if searchable:
+                    self.pending.term_df[(scope_path, domain, term)] += 1
             if searchable:
                 stat = self.pending.stats[(scope_path, domain)]
                 stat[0] += 1
@@ -121,13 +132,14 @@ class ChunkProjection:
             "  $13::text[]::jsonb[], $14::timestamptz[], $15::bool[], $16::text[]) AS u "
             "ON CONFLICT (chunk_id) DO NOTHING",
             self.org_id, *[list(c) for c in cols])
-        tcols = list(zip(*pending.terms)) if pending.terms else [[] for _ in range(7)]
+        tcols = list(zip(*pending.terms)) if pending.terms else [[] for _ in range(8)]
         await self.conn.execute(
-            "INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable) "
+            "INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable, impact) "
             "SELECT $1, u.* FROM unnest($2::text[], $3::uuid[], $4::int[], $5::int[], "
-            "  $6::text[], $7::text[], $8::bool[]) AS u ON CONFLICT DO NOTHING",
+            "  $6::text[], $7::text[], $8::bool[], $9::real[]) AS u ON CONFLICT DO NOTHING",
             self.org_id, *[list(c) for c in tcols])
         await self._add_stats([(s, d, n, total) for (s, d), (n, total) in pending.stats.items()])
+        await self._add_term_stats([(s, d, t, n) for (s, d, t), n in pending.term_df.items()])
         await self.conn.execute(
             "UPDATE chunks c SET embedding = v.embedding, embedding_model = v.model_version "
             "FROM (SELECT DISTINCT ON (content_hash) content_hash, embedding, model_version "
@@ -177,6 +189,7 @@ class ChunkProjection:
             self.org_id, event_id)
         if not gone:
             return
+        await self._term_stats_follow([(r["chunk_id"], -1) for r in gone if r["searchable"]])
         await self.conn.execute("DELETE FROM chunk_terms WHERE org_id = $1 AND chunk_id = ANY($2::uuid[])",
                                 self.org_id, [r["chunk_id"] for r in gone])
         deltas: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
@@ -196,6 +209,7 @@ class ChunkProjection:
             "FROM unnest($2::uuid[], $3::bool[]) AS u(chunk_id, s) "
             "WHERE t.org_id = $1 AND t.chunk_id = u.chunk_id",
             self.org_id, [r["chunk_id"] for r in moved], [r["searchable"] for r in moved])
+        await self._term_stats_follow([(r["chunk_id"], 1 if r["searchable"] else -1) for r in moved])
         deltas: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
         for r in moved:
             sign = 1 if r["searchable"] else -1
@@ -203,6 +217,27 @@ class ChunkProjection:
             d[0] += sign
             d[1] += sign * r["term_count"]
         await self._add_stats([(s, d, n, total) for (s, d), (n, total) in deltas.items()])
+
+    async def _term_stats_follow(self, signed_chunks: list[tuple[Any, int]]) -> None:
+        """Chunks entering (+1) or leaving (-1) the searchable set: their terms' df follow."""
+        if not signed_chunks:
+            return
+        rows = await self.conn.fetch(
+            "SELECT t.scope_path, t.domain, t.term, sum(u.sign)::bigint AS delta FROM chunk_terms t "
+            "JOIN unnest($2::uuid[], $3::int[]) AS u(chunk_id, sign) ON t.chunk_id = u.chunk_id "
+            "WHERE t.org_id = $1 GROUP BY 1, 2, 3",
+            self.org_id, [c for c, _ in signed_chunks], [n for _, n in signed_chunks])
+        await self._add_term_stats([(r["scope_path"], r["domain"], r["term"], r["delta"]) for r in rows])
+
+    async def _add_term_stats(self, rows: list[tuple[str, str, str, int]]) -> None:
+        if not rows:
+            return
+        scopes, domains, terms, deltas = (list(c) for c in zip(*rows))
+        await self.conn.execute(
+            "INSERT INTO term_stats (org_id, scope_path, domain, term, df) "
+            "SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS u "
+            "ON CONFLICT (org_id, term, scope_path, domain) DO UPDATE SET df = term_stats.df + EXCLUDED.df",
+            self.org_id, scopes, domains, terms, deltas)
 
     async def _add_stats(self, rows: list[tuple[str, str, int, int]]) -> None:
         if not rows:

@@ -3,9 +3,13 @@
 One pass (`_Retriever.run`) for a `Pool`:
 1. corpus statistics of the caller's visible corpus — searchable chunks owned at the caller's
    scope or an ancestor's (ARCHITECTURE.md section 6), within `domain` when given: N and total
-   length from `corpus_stats`, df per query term from the postings;
-2. the lexical leg: Okapi BM25 (k1 1.2, b 0.75, retrieval/bm25.py) computed in SQL from
-   `chunk_terms`, top `bm25_k` chunks holding at least the pool's share of the query terms;
+   length from `corpus_stats`, df per query term from `term_stats` (both maintained by the
+   projector, so their cost does not grow with the corpus);
+2. the lexical leg: for each query term its best `postings_per_term` postings by impact (BM25's
+   term weight at a reference length, indexed), Okapi BM25 (k1 1.2, b 0.75, retrieval/bm25.py)
+   over that union, top `bm25_k` candidates holding the pool's share of the query terms. Reading
+   the best postings per term instead of all of them bounds the leg's cost for common terms;
+   the exact BM25 of every kept candidate is computed in step 4;
 3. the vector leg: cosine over the HNSW index of the running embedder's dimension, top
    `vector_k`, filtered by the same visibility (pgvector iterative scan, so filtering does not
    starve the result);
@@ -35,8 +39,6 @@ from context_engine.errors import InvalidArgument
 from context_engine.inference.embedder import Embedder
 from context_engine.projections.database import org_transaction
 from context_engine.projections.retrieval.bm25 import (
-    B,
-    K1,
     CorpusStats,
     DocumentTerms,
     analyze,
@@ -52,6 +54,8 @@ from context_engine.scope import Scope
 MAX_QUERY_BYTES = 16 * 1024
 MAX_DOMAIN_CHARS = 128
 MIN_POOL = 50
+POSTINGS_PER_TERM = 300  # best postings read per query term (x4 when the gate broadens)
+BROADEN_POSTINGS = 4
 
 
 @dataclass(frozen=True)
@@ -124,21 +128,22 @@ FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[]) AND ($3 = '
 """
 
 _DF = """
-SELECT term, count(*) AS df FROM chunk_terms
-WHERE org_id = $1 AND term = ANY($2::text[]) AND scope_path = ANY($3::text[]) AND searchable
-  AND ($4 = '' OR domain = $4)
+SELECT term, sum(df)::bigint AS df FROM term_stats
+WHERE org_id = $1 AND term = ANY($2::text[]) AND scope_path = ANY($3::text[]) AND ($4 = '' OR domain = $4)
 GROUP BY term
 """
 
-_BM25_LEG = f"""
-SELECT t.chunk_id,
-       sum(q.qf * q.idf * t.tf * {K1 + 1} / (t.tf + {K1} * (1 - {B} + {B} * t.doc_length / $7))) AS score
-FROM chunk_terms t JOIN unnest($2::text[], $3::float8[], $4::int[]) AS q(term, idf, qf) ON t.term = q.term
-WHERE t.org_id = $1 AND t.scope_path = ANY($5::text[]) AND t.searchable AND ($6 = '' OR t.domain = $6)
-GROUP BY t.chunk_id
-HAVING count(*) >= $8
-ORDER BY score DESC, t.chunk_id
-LIMIT $9
+# The best `$5` postings of each query term by impact (the partial index on searchable rows),
+# within the caller's visibility: the lexical leg's candidates and their partial postings.
+_TOP_POSTINGS = """
+SELECT p.chunk_id, q.term, p.tf, p.doc_length
+FROM unnest($2::text[]) AS q(term)
+CROSS JOIN LATERAL (
+    SELECT chunk_id, tf, doc_length FROM chunk_terms
+    WHERE org_id = $1 AND term = q.term AND searchable AND scope_path = ANY($3::text[])
+      AND ($4 = '' OR domain = $4)
+    ORDER BY impact DESC LIMIT $5
+) AS p
 """
 
 
@@ -224,16 +229,25 @@ class _Retriever:
         return CorpusStats.from_totals(row["n"], row["total"], df)
 
     async def _bm25_leg(self, conn: asyncpg.Connection, stats: CorpusStats, p: Pool) -> list[Any]:
+        """Top `bm25_k` by BM25 over the union of each term's best postings (`postings_per_term`
+        of them). A candidate's score here counts the terms whose best postings it is among; the
+        exact score of every candidate kept is computed afterwards from all its postings."""
         present = [t for t in self.query_tf if stats.df.get(t)]
         if not present or stats.n_docs == 0:
             return []
         # Terms the visible corpus does not hold at all cannot be required of a candidate.
-        required = min(minimum_should_match(len(self.query_tf), p.bm25_min_match_fraction), len(present))
-        rows = await conn.fetch(
-            _BM25_LEG, self.org_id, present, [stats.idf(t) for t in present],
-            [self.query_tf[t] for t in present], self.scopes, self.domain,
-            float(stats.avgdl) if stats.avgdl > 0 else 1.0, max(1, required), p.bm25_k)
-        return [r["chunk_id"] for r in rows]
+        required = max(1, min(minimum_should_match(len(self.query_tf), p.bm25_min_match_fraction), len(present)))
+        per_term = max(POSTINGS_PER_TERM, 2 * p.bm25_k) * (BROADEN_POSTINGS if p.expanded else 1)
+        rows = await conn.fetch(_TOP_POSTINGS, self.org_id, present, self.scopes, self.domain, per_term)
+        docs: dict[Any, dict[str, int]] = {}
+        lengths: dict[Any, int] = {}
+        for r in rows:
+            docs.setdefault(r["chunk_id"], {})[r["term"]] = r["tf"]
+            lengths[r["chunk_id"]] = r["doc_length"]
+        scored = [(bm25_score(self.terms, DocumentTerms(tf, lengths[cid]), stats), str(cid), cid)
+                  for cid, tf in docs.items() if len(tf) >= required]
+        scored.sort(key=lambda x: (-x[0], x[1]))
+        return [cid for _, _, cid in scored[:p.bm25_k]]
 
 
 def _metadata(text: str) -> dict[str, Any]:

@@ -251,7 +251,8 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
         queries = [
             "SELECT chunk_id, content_hash, term_count, searchable, embedding_model, embedding::text "
             "FROM chunks WHERE org_id = $1 ORDER BY chunk_id",
-            "SELECT term, chunk_id, tf FROM chunk_terms WHERE org_id = $1 ORDER BY term, chunk_id",
+            "SELECT term, chunk_id, tf, impact FROM chunk_terms WHERE org_id = $1 ORDER BY term, chunk_id",
+            "SELECT scope_path, domain, term, df FROM term_stats WHERE org_id = $1 ORDER BY 1, 2, 3",
             "SELECT scope_path, domain, n_docs, total_length FROM corpus_stats WHERE org_id = $1 ORDER BY 1, 2",
         ]
         live, rebuilt = await asyncpg.connect(settings.database_url), await asyncpg.connect(target)
@@ -266,3 +267,24 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
             await rebuilt.close()
     finally:
         await drop_database(settings.database_url, target)
+
+
+async def test_term_statistics_follow_rollbacks(engine):
+    """df per term is kept by deltas; after a rollback it equals a count over the searchable postings."""
+    org = unique("org")
+    caller = engine.caller(org, clearance=4)
+    await ingest(caller, "s", ["apples and pears", "apples again"])
+    version = await session_version(engine, org, "s")
+    await ingest(caller, "s", ["apples a third time", "plums"])
+    await caller("RollbackContext", pb.RollbackContextRequest(session_id="s", target_version_hash=version))
+    conn = await asyncpg.connect(engine.settings.database_url)
+    try:
+        kept = {r["term"]: r["df"] for r in await conn.fetch(
+            "SELECT term, sum(df) AS df FROM term_stats WHERE org_id = $1 GROUP BY term HAVING sum(df) > 0", org)}
+        counted = {r["term"]: r["n"] for r in await conn.fetch(
+            "SELECT term, count(*) AS n FROM chunk_terms WHERE org_id = $1 AND searchable GROUP BY term", org)}
+        n_docs = await conn.fetchval("SELECT sum(n_docs) FROM corpus_stats WHERE org_id = $1", org)
+    finally:
+        await conn.close()
+    assert kept == counted == {"apples": 2, "pears": 1, "again": 1}
+    assert n_docs == 2
