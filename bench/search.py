@@ -1,0 +1,512 @@
+"""Search under load over 100,000 chunks in one org: open loop, closed loop, time per stage.
+
+Corpus: chunk i is built from the LoCoMo dialog turns (../shared/benchmarks/locomo, 5,882 turns):
+the turn i mod 5,882 ("speaker: text") followed by one sentence of another turn drawn at random
+(seeded), redrawn until the text is new, so every chunk is distinct (no embedding is saved by
+content dedup) and reads like a chat turn of the same length and vocabulary (~40 cl100k tokens).
+The first 5,882 chunks (i < 5,882) are the turns unchanged. Chunk i is one IngestEvent (event type
+"message", metadata {"seq": i}) in session i mod --sessions of org "bench-search"; 32 calls in
+flight, an idempotency key per chunk.
+
+Then the script waits until the embedding pipeline has given every chunk a vector (progress bar),
+runs ANALYZE, waits until the stack is idle, and measures (queries: the 1,986 LoCoMo questions,
+shuffled, cycled; Search with top_k 10 and the server's default floor unless told otherwise):
+  (a) open loop: --rate queries/s offered for --open-seconds (Poisson arrivals; --arrivals fixed
+      for a fixed interval); latency counted from the scheduled arrival (no coordinated omission);
+  (b) closed loop: 1 / 4 / 16 clients calling back to back for --closed-seconds each;
+  (c) time per stage, in this process against the same database as the API's role, running
+      `context_engine.projections.search.search` itself with a timing wrapper around the pool
+      (each statement the engine sends is timed and named), the embedder, `HYBRID.fuse` and
+      `classify`.
+
+    .venv/bin/python bench/search.py                                      # 100,000 chunks
+    .venv/bin/python bench/search.py --chunks 5000 --open-seconds 20 --closed-seconds 5
+    .venv/bin/python bench/search.py --home /tmp/ce-search-100k --keep    # load once ...
+    .venv/bin/python bench/search.py --home /tmp/ce-search-100k --keep    # ... measure again
+
+With --home the stack runs on that data directory and restarts on it next time (chunks already
+there are not ingested again); the directory is removed at the end only when this run created it
+and --keep is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import pathlib
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import asyncpg
+import grpc
+from tqdm import tqdm
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
+
+from context_engine.config import Settings
+from context_engine.inference.embedder import MiniLMEmbedder
+from context_engine.inference.tokens import count_tokens
+from context_engine.projections import search as search_mod
+from context_engine.projections.database import create_pool
+from context_engine.projections.migrate import APP_ROLE, app_url
+from context_engine.scope import Scope
+
+from common import LOCOMO_DIR, Stack, load_average, load_locomo, machine, percentile, wait_embedded, wait_quiet
+
+ORG = "bench-search"
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED,
+             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
+RETRIES: collections.Counter = collections.Counter()
+
+
+# -- corpus ------------------------------------------------------------------------------------
+
+def make_corpus(n: int, seed: int = 11) -> list[str]:
+    turns = [text for c in load_locomo(LOCOMO_DIR) for _, text in c.turns]
+    sentences = [s for t in turns for s in re.split(r"(?<=[.!?])\s+", t.split(": ", 1)[1]) if len(s) > 12]
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    corpus = []
+    for i in range(n):
+        text = turns[i % len(turns)]
+        while text in seen:
+            text = f"{turns[i % len(turns)]} {rng.choice(sentences)}"
+        seen.add(text)
+        corpus.append(text)
+    return corpus
+
+
+def questions(seed: int = 5) -> list[str]:
+    qs = [q.text for c in load_locomo(LOCOMO_DIR) for q in c.questions]
+    random.Random(seed).shuffle(qs)
+    return qs
+
+
+# -- load ----------------------------------------------------------------------------------------
+
+async def call_with_retry(fn, request, metadata, *, patience: float = 600, timeout: float = 120):
+    """Retry what the engine calls retryable (every IngestEvent here carries an idempotency key) until
+    `patience` seconds have passed; RETRIES counts the retries by status code."""
+    delay, deadline = 0.25, time.monotonic() + patience
+    while True:
+        try:
+            return await fn(request, metadata=metadata, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in RETRYABLE or time.monotonic() > deadline:
+                raise
+            RETRIES[exc.code().name] += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5)
+
+
+async def present_seqs(database_url: str) -> set[int]:
+    """The chunk numbers already in the org (bench/assemble.py uses this too)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT DISTINCT metadata->>'seq' AS seq FROM chunks WHERE org_id = $1", ORG)
+        return {int(r["seq"]) for r in rows if r["seq"] is not None}
+    finally:
+        await conn.close()
+
+
+async def embedded_count(database_url: str) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await conn.fetchval("SELECT count(*) FROM chunks WHERE org_id = $1 AND embedding IS NOT NULL", ORG)
+    finally:
+        await conn.close()
+
+
+async def ingest(stack: Stack, corpus: list[str], todo: list[int], sessions: int, concurrency: int) -> float:
+    token = stack.token(ORG)
+    async with grpc.aio.insecure_channel(stack.address) as channel:
+        stub = context_pb2_grpc.ContextEngineStub(channel)
+        bar = tqdm(total=len(todo), desc="IngestEvent", unit="chunk", file=sys.stderr, smoothing=0.05)
+        queue = iter(todo)
+
+        async def client() -> None:
+            for i in queue:
+                request = pb.IngestEventRequest(scope=pb.ScopePath(org_id=ORG), session_id=f"s{i % sessions:04d}",
+                                                event_type="message", content=corpus[i].encode(),
+                                                metadata={"seq": str(i)})
+                await call_with_retry(stub.IngestEvent, request,
+                                      (("authorization", f"Bearer {token}"), ("idempotency-key", f"{ORG}/{i}")))
+                bar.update()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        bar.close()
+        return time.perf_counter() - started
+
+
+# -- load tests ------------------------------------------------------------------------------------
+
+@dataclass
+class Phase:
+    name: str
+    offered: float | None  # queries/s offered (open loop)
+    seconds: float
+    latencies: list[float] = field(default_factory=list)  # seconds, successful calls
+    errors: collections.Counter = field(default_factory=collections.Counter)
+    outcomes: collections.Counter = field(default_factory=collections.Counter)
+    span: float = 0.0  # first arrival to last completion
+
+    @property
+    def achieved(self) -> float:
+        return len(self.latencies) / self.span if self.span else float("nan")
+
+    def line(self) -> str:
+        ms = [x * 1000 for x in self.latencies]
+        offered = f"offered {self.offered:.0f}/s, " if self.offered else ""
+        errors = f", errors {dict(self.errors)}" if self.errors else ""
+        return (f"{self.name:<28}{offered}achieved {self.achieved:6.1f} q/s  p50 {percentile(ms, 50):7.1f}  "
+                f"p95 {percentile(ms, 95):7.1f}  p99 {percentile(ms, 99):7.1f} ms  ({len(ms):,} ok{errors})")
+
+
+class Searcher:
+    def __init__(self, stub, token: str, qs: list[str], top_k: int, min_score: float, timeout: float) -> None:
+        self.stub, self.metadata = stub, (("authorization", f"Bearer {token}"),)
+        self.qs, self.n = qs, 0
+        self.top_k, self.min_score, self.timeout = top_k, min_score, timeout
+
+    def next_request(self) -> pb.SearchRequest:
+        q = self.qs[self.n % len(self.qs)]
+        self.n += 1
+        return pb.SearchRequest(scope=pb.ScopePath(org_id=ORG), query=q, top_k=self.top_k, min_score=self.min_score)
+
+    async def call(self, phase: Phase, request: pb.SearchRequest, since: float) -> float:
+        """One Search; records latency from `since` (loop time). Returns completion time."""
+        loop = asyncio.get_running_loop()
+        try:
+            response = await self.stub.Search(request, metadata=self.metadata, timeout=self.timeout)
+            phase.latencies.append(loop.time() - since)
+            phase.outcomes[pb.RetrievalOutcome.Name(response.outcome).removeprefix("RETRIEVAL_OUTCOME_")] += 1
+        except grpc.aio.AioRpcError as exc:
+            phase.errors[exc.code().name] += 1
+        return loop.time()
+
+
+async def open_loop(s: Searcher, rate: float, seconds: float, arrivals: str, seed: int = 3) -> Phase:
+    phase = Phase(f"open loop ({arrivals})", rate, seconds)
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    start = loop.time() + 0.05
+    offset, tasks = 0.0, []
+    while offset < seconds:
+        await asyncio.sleep(max(0.0, start + offset - loop.time()))
+        tasks.append(asyncio.create_task(s.call(phase, s.next_request(), start + offset)))
+        offset += rng.expovariate(rate) if arrivals == "poisson" else 1.0 / rate
+    ends = await asyncio.gather(*tasks)
+    phase.span = max(ends) - start
+    return phase
+
+
+async def closed_loop(s: Searcher, clients: int, seconds: float) -> Phase:
+    phase = Phase(f"closed loop, {clients:>2} client{'s' if clients > 1 else ''}", None, seconds)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline = start + seconds
+
+    async def client() -> float:
+        end = loop.time()
+        while loop.time() < deadline:
+            end = await s.call(phase, s.next_request(), loop.time())
+        return end
+
+    phase.span = max(await asyncio.gather(*(client() for _ in range(clients)))) - start
+    return phase
+
+
+async def load_tests(stack: Stack, qs: list[str], args) -> list[Phase]:
+    async with grpc.aio.insecure_channel(stack.address) as channel:
+        stub = context_pb2_grpc.ContextEngineStub(channel)
+        s = Searcher(stub, stack.token(ORG), qs, args.top_k, args.min_score, args.timeout)
+        warm = Phase("warm-up", None, 0)
+        for _ in range(20):
+            await s.call(warm, s.next_request(), asyncio.get_running_loop().time())
+        phases = []
+        print(f"open loop: {args.rate:g} q/s for {args.open_seconds:g} s ...", file=sys.stderr, flush=True)
+        phases.append(await open_loop(s, args.rate, args.open_seconds, args.arrivals))
+        print(phases[-1].line(), file=sys.stderr, flush=True)
+        for clients in args.clients:
+            await asyncio.sleep(2)
+            print(f"closed loop: {clients} clients for {args.closed_seconds:g} s ...", file=sys.stderr, flush=True)
+            phases.append(await closed_loop(s, clients, args.closed_seconds))
+            print(phases[-1].line(), file=sys.stderr, flush=True)
+        return phases
+
+
+# -- time per stage ------------------------------------------------------------------------------
+
+class Timings:
+    """Seconds per stage for the current query."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.current: collections.Counter = collections.Counter()
+        self.passes = 0
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.current[stage] += seconds
+
+
+class TimedConnection:
+    def __init__(self, conn: asyncpg.Connection, timings: Timings) -> None:
+        self._conn, self._t = conn, timings
+
+    async def _timed(self, method: str, sql: str, *args):
+        if "hnsw.ef_search" in sql:
+            self._t.passes += 1
+        started = time.perf_counter()
+        result = await getattr(self._conn, method)(sql, *args)
+        self._t.add(self._t.labels.get(sql, "SQL set-up (set_config, SET LOCAL)"), time.perf_counter() - started)
+        return result
+
+    async def execute(self, sql: str, *args):
+        return await self._timed("execute", sql, *args)
+
+    async def fetch(self, sql: str, *args):
+        return await self._timed("fetch", sql, *args)
+
+    async def fetchrow(self, sql: str, *args):
+        return await self._timed("fetchrow", sql, *args)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, **kwargs):
+        tx = self._conn.transaction(**kwargs)
+        started = time.perf_counter()
+        await tx.__aenter__()
+        self._t.add("SQL set-up (set_config, SET LOCAL)", time.perf_counter() - started)
+        try:
+            yield self
+        except BaseException as exc:
+            await tx.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        started = time.perf_counter()
+        await tx.__aexit__(None, None, None)
+        self._t.add("SQL set-up (set_config, SET LOCAL)", time.perf_counter() - started)
+
+
+class TimedPool:
+    def __init__(self, pool: asyncpg.Pool, timings: Timings) -> None:
+        self._pool, self._t = pool, timings
+
+    @contextlib.asynccontextmanager
+    async def acquire(self):
+        async with self._pool.acquire() as conn:
+            yield TimedConnection(conn, self._t)
+
+
+class TimedEmbedder:
+    def __init__(self, inner: MiniLMEmbedder, timings: Timings) -> None:
+        self._inner, self._t = inner, timings
+        self.model_version, self.dimension = inner.model_version, inner.dimension
+
+    async def embed(self, texts):
+        started = time.perf_counter()
+        vectors = await self._inner.embed(texts)
+        self._t.add("query embedding (MiniLM)", time.perf_counter() - started)
+        return vectors
+
+
+class TimedRecipe:
+    def __init__(self, inner, timings: Timings) -> None:
+        self._inner, self._t = inner, timings
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def fuse(self, *args, **kwargs):
+        started = time.perf_counter()
+        out = self._inner.fuse(*args, **kwargs)
+        self._t.add("fusion (HYBRID.fuse)", time.perf_counter() - started)
+        return out
+
+
+STAGES = ("query embedding (MiniLM)", "BM25: corpus stats", "BM25: df per term", "BM25 leg",
+          "vector leg (HNSW)", "candidates (content + cosine)", "postings of candidates",
+          "fusion (HYBRID.fuse)", "classify", "SQL set-up (set_config, SET LOCAL)", "other Python")
+
+
+async def stage_timings(database_url: str, qs: list[str], n: int, top_k: int, min_score: float
+                        ) -> tuple[dict[str, list[float]], list[float], int]:
+    embedder = MiniLMEmbedder()
+    dims = embedder.dimension
+    timings = Timings({
+        search_mod._STATS: "BM25: corpus stats", search_mod._DF: "BM25: df per term",
+        search_mod._BM25_LEG: "BM25 leg", search_mod._vector_leg(dims): "vector leg (HNSW)",
+        search_mod._candidates(dims): "candidates (content + cosine)", search_mod._POSTINGS: "postings of candidates",
+    })
+    pool = await create_pool(app_url(database_url, APP_ROLE), min_size=1, max_size=1)
+    real_hybrid, real_classify = search_mod.HYBRID, search_mod.classify
+
+    def timed_classify(*args, **kwargs):
+        started = time.perf_counter()
+        out = real_classify(*args, **kwargs)
+        timings.add("classify", time.perf_counter() - started)
+        return out
+
+    search_mod.HYBRID, search_mod.classify = TimedRecipe(real_hybrid, timings), timed_classify
+    per_stage: dict[str, list[float]] = {s: [] for s in STAGES}
+    totals: list[float] = []
+    expanded = 0
+    scope = Scope.parse(ORG)
+    floor_default = Settings().tenant_min_score(ORG)
+    try:
+        timed_pool, timed_embedder = TimedPool(pool, timings), TimedEmbedder(embedder, timings)
+        for i in tqdm(range(n + 10), desc="stages", unit="query", file=sys.stderr):
+            timings.current, timings.passes = collections.Counter(), 0
+            started = time.perf_counter()
+            await search_mod.search(timed_pool, timed_embedder, scope,
+                                    search_mod.SearchQuery(qs[i % len(qs)], top_k=top_k, min_score=min_score),
+                                    floor_default)
+            total = time.perf_counter() - started
+            if i < 10:  # warm-up: connection, prepared statements, model
+                continue
+            totals.append(total)
+            expanded += timings.passes > 1
+            for stage in STAGES[:-1]:
+                per_stage[stage].append(timings.current.get(stage, 0.0))
+            per_stage["other Python"].append(total - sum(timings.current.values()))
+    finally:
+        search_mod.HYBRID, search_mod.classify = real_hybrid, real_classify
+        await pool.close()
+    return per_stage, totals, expanded
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chunks", type=int, default=100_000)
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--ingest-concurrency", type=int, default=32)
+    parser.add_argument("--home", type=pathlib.Path, default=None, help="data directory (reused when it exists)")
+    parser.add_argument("--keep", action="store_true", help="keep the data directory at the end")
+    parser.add_argument("--rate", type=float, default=50.0, help="open loop: queries/s offered")
+    parser.add_argument("--open-seconds", type=float, default=60.0)
+    parser.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson")
+    parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16],
+                        help="closed loop client counts, comma-separated")
+    parser.add_argument("--closed-seconds", type=float, default=20.0)
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--min-score", type=float, default=0.0, help="0 = the server's default floor")
+    parser.add_argument("--timeout", type=float, default=30.0, help="per Search call, seconds")
+    parser.add_argument("--stage-queries", type=int, default=300)
+    parser.add_argument("--json", type=pathlib.Path, default=None)
+    args = parser.parse_args()
+
+    corpus = make_corpus(args.chunks)
+    qs = questions()
+    created = args.home is None or not args.home.exists()
+    home = args.home or pathlib.Path(tempfile.mkdtemp(prefix="context-engine-search-"))
+    stack = Stack(home)
+    report: dict[str, object] = {}
+    try:
+        stack.wait_serving()
+        database_url = stack.endpoints()["database_url"]
+        # A restart restores the log from the archive and the worker re-projects it (and embeds any
+        # backlog a stopped run left): wait for that before adding load.
+        quiet_s = wait_quiet(stack, timeout=4 * 3600)
+        present = asyncio.run(present_seqs(database_url))
+        embedded_before = asyncio.run(embedded_count(database_url))
+        todo = [i for i in range(args.chunks) if i not in present]
+        print(f"data directory {home}: {len(present):,} chunks present ({embedded_before:,} embedded), "
+              f"{len(todo):,} to ingest (stack quiet after {quiet_s:.0f} s)", file=sys.stderr, flush=True)
+        ingest_s = asyncio.run(ingest(stack, corpus, todo, args.sessions, args.ingest_concurrency)) if todo else 0.0
+        embed_started = time.perf_counter()
+        bar = tqdm(desc="embedded", unit="chunk", file=sys.stderr, smoothing=0.05)
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        chunks, _ = asyncio.run(wait_embedded(database_url, [ORG], len(present) + len(todo), progress=progress,
+                                              poll=2.0))
+        bar.close()
+        embed_tail_s = time.perf_counter() - embed_started
+        load_s = ingest_s + embed_tail_s
+
+        async def analyze() -> None:
+            conn = await asyncpg.connect(database_url)
+            try:
+                await conn.execute("ANALYZE chunks; ANALYZE chunk_terms")
+                report["postgres"] = await conn.fetchval("SHOW server_version")
+                report["relation_mb"] = {r["name"]: round(r["bytes"] / 2**20) for r in await conn.fetch(
+                    "SELECT relname AS name, pg_total_relation_size(oid) AS bytes FROM pg_class "
+                    "WHERE relname IN ('chunks', 'chunk_terms', 'chunks_embedding_384')")}
+            finally:
+                await conn.close()
+
+        asyncio.run(analyze())
+        wait_quiet(stack)
+        report["load_before"] = load_average()
+        phases = asyncio.run(load_tests(stack, qs, args))
+        report["load_after"] = load_average()
+        wait_quiet(stack)
+        per_stage, totals, expanded = asyncio.run(stage_timings(database_url, qs, args.stage_queries,
+                                                                args.top_k, args.min_score))
+    finally:
+        stack.stop()
+        if created and not args.keep:
+            shutil.rmtree(home, ignore_errors=True)
+
+    tokens = [count_tokens(corpus[i], "gpt-4") for i in range(0, len(corpus), max(1, len(corpus) // 5000))]
+    print()
+    print(f"machine: {machine()}; {report['load_before']} before the load phases, "
+          f"{report['load_after']} after")
+    print(f"settings: {chunks:,} chunks in org {ORG!r} ({args.sessions} sessions; LoCoMo turns recombined, "
+          f"mean {statistics.fmean(tokens):.0f} cl100k tokens), PostgreSQL {report.get('postgres')} + pgvector "
+          f"(HNSW m 16, ef_construction 64, ef_search 64), tansu, MiniLM-L6 int8; sizes MB {report.get('relation_mb')}")
+    if todo:
+        print(f"load: {len(todo):,} IngestEvent calls ({args.ingest_concurrency} in flight) in {ingest_s:.0f} s "
+              f"({len(todo) / ingest_s:,.0f}/s); every chunk embedded {embed_tail_s:.0f} s after the last ack "
+              f"({chunks - embedded_before:,} vectors in {load_s:.0f} s from the first call: "
+              f"{(chunks - embedded_before) / load_s:,.0f} chunks/s end to end); "
+              f"IngestEvent retries {dict(RETRIES) or 'none'}")
+    print(f"Search: top_k {args.top_k}, min_score {args.min_score or 'server default'}, queries = the "
+          f"{len(qs):,} LoCoMo questions shuffled; client in the same machine (one process, grpc.aio)")
+    print()
+    for phase in phases:
+        print(phase.line())
+    outcomes = collections.Counter()
+    for phase in phases:
+        outcomes.update(phase.outcomes)
+    print(f"outcomes over the load phases: {dict(outcomes)}")
+    print()
+    total_mean = statistics.fmean(totals) * 1000
+    print(f"time per stage, {len(totals)} queries one at a time, in process (idle stack); "
+          f"gate fired (second, broadened pass) on {expanded} of {len(totals)}")
+    print(f"{'stage':<36}{'mean ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'share':>8}")
+    for stage in STAGES:
+        ms = [x * 1000 for x in per_stage[stage]]
+        print(f"{stage:<36}{statistics.fmean(ms):>9.2f}{percentile(ms, 50):>9.2f}{percentile(ms, 95):>9.2f}"
+              f"{statistics.fmean(ms) / total_mean:>8.0%}")
+    ms = [x * 1000 for x in totals]
+    print(f"{'total search()':<36}{total_mean:>9.2f}{percentile(ms, 50):>9.2f}{percentile(ms, 95):>9.2f}")
+
+    if args.json:
+        args.json.write_text(json.dumps({
+            "machine": machine(), "chunks": chunks, "settings": vars(args) | {"home": str(home), "json": None},
+            "phases": [{"name": p.name, "offered": p.offered, "achieved": p.achieved,
+                        "p50_ms": percentile(p.latencies, 50) * 1000, "p95_ms": percentile(p.latencies, 95) * 1000,
+                        "p99_ms": percentile(p.latencies, 99) * 1000, "ok": len(p.latencies),
+                        "errors": dict(p.errors), "outcomes": dict(p.outcomes)} for p in phases],
+            "stages_ms": {s: {"mean": statistics.fmean(v) * 1000, "p50": percentile(v, 50) * 1000,
+                              "p95": percentile(v, 95) * 1000} for s, v in per_stage.items()},
+            "total_ms": {"mean": total_mean, "p50": percentile(totals, 50) * 1000,
+                         "p95": percentile(totals, 95) * 1000},
+            "expanded": expanded, "report": report}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
