@@ -1,12 +1,22 @@
-"""Embedding throughput of the local MiniLM embedder.
+"""Embedding throughput: the local MiniLM embedder in process, or the Embed RPC of a stack.
 
-    .venv/bin/python bench/embed.py                      # batch sizes 1, 32, 100; ~45 s
+    .venv/bin/python bench/embed.py                      # in process, batch sizes 1, 32, 100; ~45 s
     .venv/bin/python bench/embed.py --sizes 1,8,32 --seconds 5 --threads 1 --json out.json
+    .venv/bin/python bench/embed.py --grpc               # starts a stack in a scratch directory
+    .venv/bin/python bench/embed.py --grpc --address 127.0.0.1:50051 --data-dir .context-engine
 
-Every batch is made of texts never embedded before in the run ("cold": the model computes
-each one). Modes are pluggable: a mode turns the embedder into a ``batch -> vectors``
-callable, so a "cached" mode (embedding cache in PostgreSQL in front of the model) can be
-added to MODES and reported in the same table.
+In process, every batch is made of texts never embedded before in the run ("cold": the model
+computes each one). Modes are pluggable: a mode turns the embedder into a ``batch -> vectors``
+callable (MODES).
+
+--grpc measures the Embed RPC (token check, the per-org cache lookup in PostgreSQL, the model
+in the API process, the cache write, the response) through a blocking gRPC channel, one call in
+flight. "grpc-cold": texts no run has sent before (a random run id in each), so nothing is
+cached; "grpc-cached": the same batches again, in the same order, so every vector comes from
+the cache. The `cached` flag of every returned vector is checked against that expectation.
+Without --address it starts `context-engine up` in a scratch directory (bench/common.py) and
+stops it at the end; with --address it needs --token or the stack's --data-dir (to mint one
+with its development key).
 """
 
 from __future__ import annotations
@@ -38,14 +48,14 @@ _WORDS = (
 ).split()
 
 
-def text_stream(seed: int = 7) -> Iterator[str]:
-    """Endless unique, chat-message-like texts of 8-60 words."""
+def text_stream(seed: int = 7, tag: str = "") -> Iterator[str]:
+    """Endless unique, chat-message-like texts of 8-60 words (`tag` makes them unique across runs)."""
     rng = random.Random(seed)
     n = 0
     while True:
         words = rng.choices(_WORDS, k=rng.randint(8, 60))
         n += 1
-        yield f"[{n}] " + " ".join(words).capitalize() + "."
+        yield f"[{tag}{n}] " + " ".join(words).capitalize() + "."
 
 
 def machine_info(embedder: MiniLMEmbedder) -> dict[str, object]:
@@ -109,8 +119,102 @@ def cold_mode(embedder: MiniLMEmbedder) -> EmbedFn:
     return embedder.embed_sync
 
 
-# name -> factory(embedder) -> batch function. "cached" goes here once the cache exists.
+# name -> factory(embedder) -> batch function.
 MODES: dict[str, Callable[[MiniLMEmbedder], EmbedFn]] = {"cold": cold_mode}
+
+
+class Recording:
+    """Wraps a text iterator and remembers what it handed out, to replay it."""
+
+    def __init__(self, texts: Iterator[str]) -> None:
+        self.texts, self.seen = texts, []
+
+    def __iter__(self) -> "Recording":
+        return self
+
+    def __next__(self) -> str:
+        text = next(self.texts)
+        self.seen.append(text)
+        return text
+
+
+def grpc_embed_fn(stub, org: str, token: str, expect_cached: bool, flags: dict[str, int]) -> EmbedFn:
+    from upsquad.context.v1 import context_pb2 as pb
+
+    metadata = (("authorization", f"Bearer {token}"),)
+
+    def fn(batch: list[str]) -> np.ndarray:
+        response = stub.Embed(pb.EmbedRequest(scope=pb.ScopePath(org_id=org), texts=batch),
+                              metadata=metadata, timeout=120)
+        flags["cached"] += sum(v.cached for v in response.embeddings)
+        flags["expected"] += len(batch) if expect_cached else 0
+        flags["texts"] += len(batch)
+        return np.asarray([v.values for v in response.embeddings], dtype=np.float32)
+
+    return fn
+
+
+def run_grpc(args, sizes: list[int]) -> tuple[dict[str, object], list[Result]]:
+    """Embed RPC, cold then cached, per batch size."""
+    import datetime as dt
+    import pathlib
+    import shutil
+    import tempfile
+    import uuid
+
+    import grpc
+    from upsquad.context.v1 import context_pb2_grpc
+
+    from context_engine.auth import ensure_dev_key, mint_token
+
+    from common import Stack, load_average, machine
+
+    stack = home = None
+    if args.address:
+        address = args.address
+        if args.token:
+            token = args.token
+        else:
+            key_path = pathlib.Path(args.data_dir) / "keys" / "jwt-hs256.key"
+            if not key_path.exists():
+                raise SystemExit(f"--address needs --token or the stack's --data-dir ({key_path} not found)")
+            token = mint_token(ensure_dev_key(key_path), org=args.org, clearance=1, ttl=dt.timedelta(hours=2))
+    else:
+        home = pathlib.Path(tempfile.mkdtemp(prefix="context-engine-embed-"))
+        stack = Stack(home)
+    try:
+        if stack is not None:
+            stack.wait_serving()
+            address, token = stack.address, stack.token(args.org)
+        channel = grpc.insecure_channel(address)
+        stub = context_pb2_grpc.ContextEngineStub(channel)
+        run_id = uuid.uuid4().hex[:8]
+        info: dict[str, object] = {"machine": machine(), "address": address, "org": args.org, "run_id": run_id,
+                                   "started_stack": stack is not None, "load_before": load_average()}
+        results: list[Result] = []
+        for size in sizes:
+            texts = Recording(text_stream(seed=size, tag=f"{run_id}-{size}-"))
+            flags = {"cached": 0, "expected": 0, "texts": 0}
+            cold = measure("grpc-cold", grpc_embed_fn(stub, args.org, token, False, flags), size, texts,
+                           seconds=args.seconds, max_batches=args.max_batches, warmup=args.warmup)
+            cold_flags = dict(flags)
+            flags = {"cached": 0, "expected": 0, "texts": 0}
+            cached = measure("grpc-cached", grpc_embed_fn(stub, args.org, token, True, flags), size,
+                             iter(list(texts.seen)), seconds=float("inf"), max_batches=cold.batches,
+                             warmup=args.warmup)
+            for r, f in ((cold, cold_flags), (cached, flags)):
+                results.append(r)
+                print(f"{r.mode:<12}{r.batch_size:>6}{r.batches:>9}{r.p50_ms:>10.2f}{r.p95_ms:>10.2f}"
+                      f"{r.ms_per_text:>9.2f}{r.texts_per_s:>9.1f}   cached {f['cached']}/{f['texts']}", flush=True)
+                if f["cached"] != f["expected"]:
+                    print(f"  !! {r.mode}: {f['cached']} vectors flagged cached, expected {f['expected']}")
+        info["load_after"] = load_average()
+        channel.close()
+        return info, results
+    finally:
+        if stack is not None:
+            stack.stop()
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,9 +227,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     p.add_argument("--max-batch-size", type=int, default=32, help="embedder's internal batch")
     p.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    p.add_argument("--grpc", action="store_true", help="measure the Embed RPC, cold and cached")
+    p.add_argument("--address", help="--grpc: a running stack's API (default: start one in a scratch dir)")
+    p.add_argument("--data-dir", default=".context-engine", help="--grpc --address: the stack's data directory")
+    p.add_argument("--token", help="--grpc --address: a token for --org (instead of --data-dir)")
+    p.add_argument("--org", default="bench-embed", help="--grpc: org of the calls (the cache is per org)")
     args = p.parse_args(argv)
 
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    if args.grpc:
+        header = f"{'mode':<12}{'batch':>6}{'batches':>9}{'p50 ms':>10}{'p95 ms':>10}{'ms/text':>9}{'texts/s':>9}"
+        print(header)
+        print("-" * len(header))
+        info, results = run_grpc(args, sizes)
+        for k, v in info.items():
+            print(f"{k:>14}: {v}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": info, "results": [asdict(r) for r in results]}, f, indent=2)
+        return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
