@@ -185,6 +185,13 @@ class ArchiveWatch:
             return await conn.fetchval("SELECT true FROM event_archive WHERE event_id = $1", event_id) or False
 
 
+# The guard's probe: how long one answer may take, and how long the broker may stay silent before
+# it counts as lost. A refused connection or a topic list without the domain topic acts at once;
+# slow answers under CPU load (measured: > 0.25 s at load average 9) must not drop the producer.
+PROBE_TIMEOUT_S = 0.5
+SILENT_LIMIT_S = 2.0
+
+
 class LogGuard:
     """Opens the log only when the broker is known to hold it: at start, and after the broker
     restarts.
@@ -239,18 +246,32 @@ class LogGuard:
             raise Unavailable("the event log is being recovered after a broker restart; retry shortly",
                               reason="LOG_RECOVERING") from None
 
-    async def _log_present(self) -> bool:
+    async def _log_present(self) -> bool | None:
+        """True: the broker lists the domain topic. False: it answered without it, or refused the
+        connection (restarted empty, or down). None: no answer in time, which on a loaded machine
+        is usually just a slow answer."""
         try:
-            topics = await asyncio.wait_for(self._admin.describe_topics(None), 0.25)
+            topics = await asyncio.wait_for(self._admin.describe_topics(None), PROBE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return None
         except Exception:
             return False
         return any(t["topic"] == self._topics.events and t["error_code"] == 0 for t in topics)
 
     async def _watch(self) -> None:
+        silent_since: float | None = None
         while not self._stopping:
             await asyncio.sleep(self._interval)
-            if await self._log_present():
+            present = await self._log_present()
+            if present:
+                silent_since = None
                 continue
+            if present is None:  # only a broker silent for a while counts as lost
+                now = asyncio.get_running_loop().time()
+                silent_since = silent_since if silent_since is not None else now
+                if now - silent_since < SILENT_LIMIT_S:
+                    continue
+            silent_since = None
             self._ready.clear()
             await self._close_log()
             log.warning("broker lost or emptied: appends held until the log is restored")
