@@ -40,6 +40,7 @@ PINNED_HINT = "pinned_chunk_ids"
 MUST_INCLUDE_HINT = "must_include"
 MAX_HINT_ITEMS = 32
 MEMORY_KEYS = ("working", "episodic", "semantic")
+TOKENS_PER_RETRIEVED_CHUNK = 30
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     history = [b for b in history if b.text]
 
     floor = deps.settings.tenant_min_score(org)
-    retrieval, failure = await _retrieve(deps, scope, cmd.task_description, floor)
+    retrieval, failure = await _retrieve(deps, scope, cmd.task_description, floor, _retrieval_depth(cmd.token_budget))
     retrieved = [Block("retrieved", s.payload.content, s.payload.content_hash, key=s.chunk_id, score=s.score,
                        source=s.payload.source_event_id)
                  for s in (retrieval.result.results if retrieval else ())]
@@ -214,11 +215,17 @@ async def _required(conn, org: str, agent_id: str, session_id: str, visible: lis
     return Block("required", _text(memory.content), "", key=key)
 
 
-async def _retrieve(deps: Deps, scope, task: str, floor: float) -> tuple[SearchOutcome | None, str]:
+def _retrieval_depth(token_budget: int) -> int:
+    """How many chunks to retrieve: about as many as the budget could hold (a chunk is a turn,
+    tens of tokens), so a small budget does not pay for a deep retrieval it cannot use."""
+    return max(10, min(MAX_TOP_K, token_budget // TOKENS_PER_RETRIEVED_CHUNK))
+
+
+async def _retrieve(deps: Deps, scope, task: str, floor: float, top_k: int) -> tuple[SearchOutcome | None, str]:
     if not task.strip():
         return None, "no task_description: recency-only context"
     try:
-        return await search(deps.pool, deps.embedder, scope, SearchQuery(query=task, top_k=MAX_TOP_K), floor), ""
+        return await search(deps.pool, deps.embedder, scope, SearchQuery(query=task, top_k=top_k), floor), ""
     except DomainError as exc:
         if isinstance(exc, InvalidArgument):
             raise InvalidArgument("task_description", exc.message) from exc
