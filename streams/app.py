@@ -120,10 +120,13 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         delivered = await events_topic.send(key=event.aggregate.encode(), value=event.to_bytes())
         await delivered
 
+    # Loaded now, before the consumer starts: loading the model blocks for a second or more, and a
+    # blocked event loop misses the consumer's heartbeats (a 2 s session) under CPU load.
+    embedder = embedder_from_settings(settings)
+
     async def pipeline() -> EmbeddingPipeline:
         if "pipeline" not in holder:
             db = await pool()
-            embedder = embedder_from_settings(settings)
             if embedder.dimension and embedder.dimension != 384:
                 await db.execute("SELECT ensure_vector_index($1)", embedder.dimension)
             holder["pipeline"] = EmbeddingPipeline(db, embedder, send_event,
