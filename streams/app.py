@@ -96,6 +96,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         stream_wait_empty=False,
         consumer_auto_offset_reset="earliest",
         autodiscover=False,
+        datadir=str(settings.home_dir / "worker"),  # not the current directory
     )
     app.fetch_max_wait_ms = settings.consumer_fetch_max_wait_ms
     topics = LogTopics.from_settings(settings)
