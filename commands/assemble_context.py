@@ -272,12 +272,13 @@ async def _chunk_ids(deps: Deps, org: str, packed: Packed) -> list[str]:
 
 async def _baseline(deps: Deps, org, visible, layers, count, session_tokens: int, packed: Packed,
                     prompt_id: str, cmd: AssembleContext, scope) -> int:
-    """The naive prompt's tokens: every layer, the whole session history, every chunk the caller
-    could retrieve, unoptimised. History and corpus use the counts stored at ingest (cl100k)."""
+    """The naive prompt's tokens: every layer, the whole session history, every other chunk the
+    caller could retrieve, unoptimised. History and corpus use the counts stored at ingest (cl100k)."""
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         corpus = await conn.fetchval(
             "SELECT coalesce(sum(token_count), 0) FROM chunks WHERE org_id = $1 AND searchable "
-            "AND scope_path = ANY($2::text[])", org, visible)
+            "AND scope_path = ANY($2::text[]) AND session_id IS DISTINCT FROM $3",  # history counts those
+            org, visible, cmd.session_id)
     naive = sum(count(b.text) for b in layers) + int(session_tokens) + int(corpus)
     naive = max(naive, packed.tokens)
     job = baseline_metric(scope, prompt_id=prompt_id, session_id=cmd.session_id, assembled_tokens=packed.tokens,

@@ -83,7 +83,7 @@ class EmbeddingPipeline:
                 progress(n)
             await self._await_applied(scope.org_id, [r["content_hash"] for r in rows])
 
-    async def backlog(self, *, older_than: dt.timedelta, limit: int = 2048) -> dict[str, list[str]]:
+    async def backlog(self, *, older_than: dt.timedelta, limit: int = 512) -> dict[str, list[str]]:
         """Chunks without a vector from the running model, older than `older_than`, by org."""
         async with org_transaction(self.pool, SYSTEM_ORG, readonly=True) as conn:
             rows = await conn.fetch(
