@@ -66,7 +66,8 @@ from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import APP_ROLE, app_url
 from context_engine.scope import Scope
 
-from common import Stack, load_average, machine, percentile, wait_embedded, wait_quiet
+from common import (Stack, drive_closed_loop, drive_open_loop, embedding_progress, load_average, machine, percentile,
+                    wait_embedded, wait_quiet)
 from search import ORG, make_corpus, present_seqs, questions
 from search import ingest as load_chunks
 
@@ -74,8 +75,6 @@ PILLAR, TEAM, AGENT = "bench", "assembly", "agent-1"
 MODEL = "gpt-4"
 RETRIEVED_HEADING, HISTORY_HEADING = "\n\n## Retrieved context\n\n", "\n\n## Recent conversation\n\n"
 GOAL_P95_MS, GOAL_RATE, GOAL_SATURATION = 50.0, 50.0, 150.0
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED,
-             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
 
 LAYERS = {
     1: ("Platform policy (L1). You are an assistant running on the UpSquad agent platform. Follow these rules "
@@ -214,33 +213,13 @@ async def first_calls(c: Caller, concurrency: int) -> Phase:
 
 async def open_loop(c: Caller, rate: float, seconds: float, seed: int = 3) -> Phase:
     phase = Phase("open loop (Poisson)", rate, seconds)
-    loop = asyncio.get_running_loop()
-    rng = random.Random(seed)
-    start = loop.time() + 0.05
-    offset, tasks = 0.0, []
-    while offset < seconds:
-        await asyncio.sleep(max(0.0, start + offset - loop.time()))
-        tasks.append(asyncio.create_task(c.call(phase, c.next_request(), start + offset)))
-        offset += rng.expovariate(rate)
-    ends = await asyncio.gather(*tasks)
-    phase.span = max(ends) - start
-    return phase
+    return await drive_open_loop(phase, lambda since: c.call(phase, c.next_request(), since), rate, seconds,
+                                 seed=seed)
 
 
 async def closed_loop(c: Caller, clients: int, seconds: float) -> Phase:
     phase = Phase(f"closed loop, {clients:>2} client{'s' if clients > 1 else ''}", None, seconds)
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    deadline = start + seconds
-
-    async def client() -> float:
-        end = loop.time()
-        while loop.time() < deadline:
-            end = await c.call(phase, c.next_request(), loop.time())
-        return end
-
-    phase.span = max(await asyncio.gather(*(client() for _ in range(clients)))) - start
-    return phase
+    return await drive_closed_loop(phase, lambda since: c.call(phase, c.next_request(), since), clients, seconds)
 
 
 async def load_tests(stack: Stack, qs: list[str], sessions: list[str], args) -> list[Phase]:
@@ -539,11 +518,7 @@ def main() -> None:
         ingest_s = asyncio.run(load_chunks(stack, corpus, todo, args.sessions, args.ingest_concurrency)) \
             if todo else 0.0
         embed_started = time.perf_counter()
-        bar = tqdm(desc="embedded", unit="chunk", file=sys.stderr, smoothing=0.05)
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
+        bar, progress = embedding_progress(smoothing=0.05)
 
         chunks, _ = asyncio.run(wait_embedded(database_url, [ORG], len(present) + len(todo), progress=progress,
                                               poll=2.0))

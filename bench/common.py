@@ -25,6 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import random
+from collections.abc import Awaitable
+
+import grpc
+from tqdm import tqdm
+
 from context_engine.auth import ensure_dev_key, mint_token
 
 
@@ -222,3 +228,74 @@ def load_locomo(directory: pathlib.Path = LOCOMO_DIR, limit: int | None = None) 
                           for q in data["qa"])
         conversations.append(Conversation(path.stem, turns, questions))
     return conversations
+
+
+# -- calls under load -----------------------------------------------------------------------------
+
+# What the engine answers when a retry with the same idempotency key is the right reaction.
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED,
+             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
+RETRIES: collections.Counter = collections.Counter()
+
+
+async def call_with_retry(fn, request, metadata, *, patience: float = 600, timeout: float = 120):
+    """Retry what the engine calls retryable (every IngestEvent here carries an idempotency key) until
+    `patience` seconds have passed; RETRIES counts the retries by status code."""
+    delay, deadline = 0.25, time.monotonic() + patience
+    while True:
+        try:
+            return await fn(request, metadata=metadata, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in RETRYABLE or time.monotonic() > deadline:
+                raise
+            RETRIES[exc.code().name] += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5)
+
+
+# `issue(since)` makes one call, records it (latency from `since`, loop time) and returns the loop
+# time it completed at. The drivers set `phase.span`: first arrival to last completion.
+Issue = Callable[[float], Awaitable[float]]
+
+
+async def drive_open_loop(phase, issue: Issue, rate: float, seconds: float, *, poisson: bool = True,
+                          seed: int = 3):
+    """Offer `rate` calls/s for `seconds` whatever the answers: Poisson or evenly spaced arrivals,
+    latency counted from the scheduled arrival."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    start = loop.time() + 0.05
+    offset, tasks = 0.0, []
+    while offset < seconds:
+        await asyncio.sleep(max(0.0, start + offset - loop.time()))
+        tasks.append(asyncio.create_task(issue(start + offset)))
+        offset += rng.expovariate(rate) if poisson else 1.0 / rate
+    phase.span = max(await asyncio.gather(*tasks)) - start
+    return phase
+
+
+async def drive_closed_loop(phase, issue: Issue, clients: int, seconds: float):
+    """`clients` callers, each issuing its next call when the previous one answers."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline = start + seconds
+
+    async def client() -> float:
+        end = loop.time()
+        while loop.time() < deadline:
+            end = await issue(loop.time())
+        return end
+
+    phase.span = max(await asyncio.gather(*(client() for _ in range(clients)))) - start
+    return phase
+
+
+def embedding_progress(**bar_options) -> tuple[tqdm, Callable[[int, int], None]]:
+    """A progress bar for `wait_embedded(..., progress=...)`."""
+    bar = tqdm(desc="embedded", unit="chunk", file=sys.stderr, **bar_options)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    return bar, progress

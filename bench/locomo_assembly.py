@@ -58,9 +58,9 @@ from upsquad.context.v1 import context_pb2_grpc
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections.retrieval.chunking import CHUNK_NAMESPACE
 
-from common import (LOCOMO_DIR, Conversation, Stack, free_port, load_average, load_locomo, machine, percentile,
-                    wait_embedded)
-from locomo_search import CATEGORIES, REFERENCE, Item, call_with_retry, items_of, org_of
+from common import (LOCOMO_DIR, Conversation, Stack, call_with_retry, embedding_progress, free_port, load_average,
+                    load_locomo, machine, percentile, wait_embedded)
+from locomo_search import CATEGORIES, REFERENCE, Item, items_of, org_of
 
 MODEL = "gpt-4"
 SEPARATOR = "\n\n"
@@ -338,12 +338,7 @@ def main() -> None:
         endpoints = stack.endpoints()
         event_ids, ingest_s = asyncio.run(ingest(stack, conversations))
         embed_started = time.perf_counter()
-        bar = tqdm(desc="embedded", unit="chunk", file=sys.stderr)
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.n = done
-            bar.refresh()
+        bar, progress = embedding_progress()
 
         chunks, _ = asyncio.run(wait_embedded(endpoints["database_url"], [org_of(c) for c in conversations],
                                               n_turns, progress=progress))

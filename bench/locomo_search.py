@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
 import pathlib
 import shutil
@@ -53,8 +52,8 @@ from context_engine.inference.embedder import MiniLMEmbedder
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections.retrieval.bm25 import STOP_WORDS, analyze
 
-from common import (LOCOMO_DIR, Conversation, Question, Stack, load_average, load_locomo, machine, percentile,
-                    wait_embedded)
+from common import (LOCOMO_DIR, RETRIES, Conversation, Question, Stack, call_with_retry, embedding_progress, load_average,
+                    load_locomo, machine, percentile, wait_embedded)
 
 CATEGORIES = (1, 2, 3, 4)
 KS = (5, 10, 25)
@@ -67,9 +66,6 @@ REFERENCE = {
     "dense": (.356, .438, .578, .617, .721, .833),
     "RRF": (.441, .521, .648, .704, .793, .863),
 }
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED,
-             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
-RETRIES: collections.Counter = collections.Counter()
 
 
 @dataclass(frozen=True)
@@ -138,19 +134,7 @@ def plain_rankings(conversations: list[Conversation], items: list[Item]) -> dict
 
 # -- the engine ---------------------------------------------------------------------------------
 
-async def call_with_retry(fn, request, metadata, *, patience: float = 600, timeout: float = 120):
-    """Retry what the engine calls retryable (every IngestEvent here carries an idempotency key) until
-    `patience` seconds have passed; RETRIES counts the retries by status code."""
-    delay, deadline = 0.25, time.monotonic() + patience
-    while True:
-        try:
-            return await fn(request, metadata=metadata, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in RETRYABLE or time.monotonic() > deadline:
-                raise
-            RETRIES[exc.code().name] += 1
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5)
+
 
 
 async def ingest(stack: Stack, conversations: list[Conversation], concurrency: int) -> tuple[int, float]:
@@ -272,12 +256,7 @@ def main() -> None:
         endpoints = stack.endpoints()
         events, ingest_s = asyncio.run(ingest(stack, conversations, args.ingest_concurrency))
         embed_started = time.perf_counter()
-        bar = tqdm(desc="embedded", unit="chunk", file=sys.stderr)
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.n = done
-            bar.refresh()
+        bar, progress = embedding_progress()
 
         chunks, _ = asyncio.run(wait_embedded(endpoints["database_url"], [org_of(c) for c in conversations],
                                               events, progress=progress))

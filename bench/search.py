@@ -60,12 +60,10 @@ from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import APP_ROLE, app_url
 from context_engine.scope import Scope
 
-from common import LOCOMO_DIR, Stack, load_average, load_locomo, machine, percentile, wait_embedded, wait_quiet
+from common import (LOCOMO_DIR, RETRIES, Stack, call_with_retry, drive_closed_loop, drive_open_loop,
+                    embedding_progress, load_average, load_locomo, machine, percentile, wait_embedded, wait_quiet)
 
 ORG = "bench-search"
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED,
-             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
-RETRIES: collections.Counter = collections.Counter()
 
 
 # -- corpus ------------------------------------------------------------------------------------
@@ -93,19 +91,7 @@ def questions(seed: int = 5) -> list[str]:
 
 # -- load ----------------------------------------------------------------------------------------
 
-async def call_with_retry(fn, request, metadata, *, patience: float = 600, timeout: float = 120):
-    """Retry what the engine calls retryable (every IngestEvent here carries an idempotency key) until
-    `patience` seconds have passed; RETRIES counts the retries by status code."""
-    delay, deadline = 0.25, time.monotonic() + patience
-    while True:
-        try:
-            return await fn(request, metadata=metadata, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in RETRYABLE or time.monotonic() > deadline:
-                raise
-            RETRIES[exc.code().name] += 1
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5)
+
 
 
 async def present_seqs(database_url: str) -> set[int]:
@@ -197,33 +183,13 @@ class Searcher:
 
 async def open_loop(s: Searcher, rate: float, seconds: float, arrivals: str, seed: int = 3) -> Phase:
     phase = Phase(f"open loop ({arrivals})", rate, seconds)
-    loop = asyncio.get_running_loop()
-    rng = random.Random(seed)
-    start = loop.time() + 0.05
-    offset, tasks = 0.0, []
-    while offset < seconds:
-        await asyncio.sleep(max(0.0, start + offset - loop.time()))
-        tasks.append(asyncio.create_task(s.call(phase, s.next_request(), start + offset)))
-        offset += rng.expovariate(rate) if arrivals == "poisson" else 1.0 / rate
-    ends = await asyncio.gather(*tasks)
-    phase.span = max(ends) - start
-    return phase
+    return await drive_open_loop(phase, lambda since: s.call(phase, s.next_request(), since), rate, seconds,
+                                 poisson=arrivals == "poisson", seed=seed)
 
 
 async def closed_loop(s: Searcher, clients: int, seconds: float) -> Phase:
     phase = Phase(f"closed loop, {clients:>2} client{'s' if clients > 1 else ''}", None, seconds)
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    deadline = start + seconds
-
-    async def client() -> float:
-        end = loop.time()
-        while loop.time() < deadline:
-            end = await s.call(phase, s.next_request(), loop.time())
-        return end
-
-    phase.span = max(await asyncio.gather(*(client() for _ in range(clients)))) - start
-    return phase
+    return await drive_closed_loop(phase, lambda since: s.call(phase, s.next_request(), since), clients, seconds)
 
 
 async def load_tests(stack: Stack, qs: list[str], args) -> list[Phase]:
@@ -437,11 +403,7 @@ def main() -> None:
               f"{len(todo):,} to ingest (stack quiet after {quiet_s:.0f} s)", file=sys.stderr, flush=True)
         ingest_s = asyncio.run(ingest(stack, corpus, todo, args.sessions, args.ingest_concurrency)) if todo else 0.0
         embed_started = time.perf_counter()
-        bar = tqdm(desc="embedded", unit="chunk", file=sys.stderr, smoothing=0.05)
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
+        bar, progress = embedding_progress(smoothing=0.05)
 
         chunks, _ = asyncio.run(wait_embedded(database_url, [ORG], len(present) + len(todo), progress=progress,
                                               poll=2.0))
