@@ -8,7 +8,6 @@ the code path Search uses, so the two report the same outcome for the same retri
 
 from __future__ import annotations
 
-import hashlib
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from context_engine.commands.deps import Deps
 from context_engine.commands.session_access import require_readable
 from context_engine.errors import DomainError, FailedPrecondition, InvalidArgument, NotFound
 from context_engine.events import COMPACTION_THRESHOLD, Event, session_aggregate
-from context_engine.hashing import merkle_root
+from context_engine.hashing import merkle_root, sha256_hex
 from context_engine.inference import tokens
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
@@ -109,10 +108,6 @@ def _text(content: bytes) -> str:
     return bytes(content).decode("utf-8", errors="replace").strip()
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContext) -> Assembled:
     pinned_ids, required_keys = _validate(cmd, deps.settings.max_token_budget)
     scope, org = principal.scope, principal.scope.org_id
@@ -122,7 +117,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         session = await queries.get_session(conn, org, cmd.session_id)
         if session is not None:
             require_readable(session, scope, cmd.session_id)
-        layers = [Block("layer", r.content, r.content_hash, key=f"L{r.level}") for r in await current_layers(conn, scope)]
+        layers = [Block("layer", r.content, key=f"L{r.level}") for r in await current_layers(conn, scope)]
         pinned = await _pinned(conn, org, visible, pinned_ids)
         required = [await _required(conn, org, scope.agent_id, cmd.session_id, visible, key, deps)
                     for key in required_keys]
@@ -136,13 +131,13 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         compaction_open = await conn.fetchval(
             "SELECT true FROM compaction_requests WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL",
             org, cmd.session_id) or False
-    history = [Block("history", _history_text(r), "", key=str(r["event_id"]), source=str(r["event_id"]))
+    history = [Block("history", _history_text(r), key=str(r["event_id"]), source=str(r["event_id"]))
                for r in history_rows]
     history = [b for b in history if b.text]
 
     floor = deps.settings.tenant_min_score(org)
     retrieval, failure = await _retrieve(deps, scope, cmd.task_description, floor, _retrieval_depth(cmd.token_budget))
-    retrieved = [Block("retrieved", s.payload.content, s.payload.content_hash, key=s.chunk_id, score=s.score,
+    retrieved = [Block("retrieved", s.payload.content, key=s.chunk_id, score=s.score,
                        source=s.payload.source_event_id)
                  for s in (retrieval.result.results if retrieval else ())]
 
@@ -151,7 +146,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
 
     packed = pack(layers=layers, pinned=pinned, required=required, retrieved=retrieved,
                   history_newest_first=history, budget=cmd.token_budget, count=count)
-    prompt_id = _sha(packed.prompt)
+    prompt_id = sha256_hex(packed.prompt.encode("utf-8"))
     chunk_ids = await _chunk_ids(deps, org, packed)
     quality = _quality(retrieval, failure, packed, floor)
     baseline = 0
@@ -162,7 +157,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         prompt_id=prompt_id, prompt=packed.prompt, cache_prefix_bytes=packed.prefix_bytes,
         assembled_tokens=packed.tokens, baseline_tokens=baseline,
         savings_ratio=(baseline - packed.tokens) / baseline if baseline else 0.0,
-        version_hash=merkle_root([_sha(b.text) for b in packed.blocks]), chunk_ids=chunk_ids, quality=quality)
+        version_hash=merkle_root([sha256_hex(b.text.encode("utf-8")) for b in packed.blocks]), chunk_ids=chunk_ids, quality=quality)
 
 
 def _history_text(row) -> str:
@@ -174,15 +169,15 @@ def _history_text(row) -> str:
 async def _pinned(conn, org: str, visible: list[str], ids: list[str]) -> list[Block]:
     if not ids:
         return []
-    rows = {str(r["chunk_id"]): r for r in await conn.fetch(
-        "SELECT chunk_id, content, content_hash FROM chunks WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) "
+    ids = [str(uuid.UUID(i)) for i in ids]  # canonical form, as the database returns them
+    content = {str(r["chunk_id"]): r["content"] for r in await conn.fetch(
+        "SELECT chunk_id, content FROM chunks WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) "
         "  AND searchable AND scope_path = ANY($3::text[])", org, ids, visible)}
-    missing = [i for i in ids if str(uuid.UUID(i)) not in rows]
+    missing = [i for i in ids if i not in content]
     if missing:  # absent, rolled back, quarantined or not the caller's: one answer for all
         raise NotFound(f"hints.{PINNED_HINT}: chunk(s) {', '.join(missing)} not found in the caller's corpus",
                        reason="PINNED_CHUNK_NOT_FOUND", metadata={"field": f"hints.{PINNED_HINT}"})
-    return [Block("pinned", rows[str(uuid.UUID(i))]["content"], rows[str(uuid.UUID(i))]["content_hash"],
-                  key=str(uuid.UUID(i))) for i in ids]
+    return [Block("pinned", content[i], key=i) for i in ids]
 
 
 async def _required(conn, org: str, agent_id: str, session_id: str, visible: list[str], key: str,
@@ -200,7 +195,7 @@ async def _required(conn, org: str, agent_id: str, session_id: str, visible: lis
         if row is None:
             raise NotFound(f"{field_name}: {key!r}: no such active event in session {session_id!r}",
                            reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
-        return Block("required", _text(row["content"]), "", key=key, source=str(row["event_id"]))
+        return Block("required", _text(row["content"]), key=key, source=str(row["event_id"]))
     memory = await queries.latest_memory(conn, org, agent_id, session_id, visible, memory_type=key)
     if memory is None:
         raise NotFound(f"{field_name}: {key!r}: agent {agent_id!r} has no {key} memory in session {session_id!r}",
@@ -212,7 +207,7 @@ async def _required(conn, org: str, agent_id: str, session_id: str, visible: lis
             f"{field_name}: {key!r}: the latest {key} memory is {memory.pii_status} by the PII scan "
             "(quarantined memory is not assembled until `context-engine pii rescan` clears it)",
             reason="MEMORY_NOT_CLEARED", metadata={"field": field_name})
-    return Block("required", _text(memory.content), "", key=key)
+    return Block("required", _text(memory.content), key=key)
 
 
 def _retrieval_depth(token_budget: int) -> int:

@@ -46,7 +46,6 @@ Count = Callable[[str], int]
 class Block:
     kind: str  # layer | pinned | required | retrieved | history
     text: str
-    content_hash: str
     key: str = ""  # chunk id, event id, layer level...: identity within its kind
     score: float | None = None  # retrieved blocks: the fused retrieval score
     source: str = ""  # the event the text came from: a turn already retrieved is not repeated

@@ -72,7 +72,6 @@ class ChunkHit:
 
     chunk_id: str
     content: str
-    content_hash: str
     source_kind: str
     source_event_id: str
     session_id: str | None
@@ -159,7 +158,7 @@ LIMIT $6
 
 def _candidates(dims: int) -> str:
     return f"""
-SELECT chunk_id, content, content_hash, source_kind, source_event_id, session_id, chunk_index, domain, scope_path,
+SELECT chunk_id, content, source_kind, source_event_id, session_id, chunk_index, domain, scope_path,
        metadata::text AS metadata, created_at,
        CASE WHEN embedding_dims = {dims} AND embedding_model = $3
             THEN 1 - (embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine
@@ -212,7 +211,7 @@ class _Retriever:
             cid = r["chunk_id"]
             bm25 = bm25_score(self.terms, DocumentTerms(docs.get(cid, {}), lengths.get(cid, 0)), stats) \
                 if cid in docs else 0.0
-            hit = ChunkHit(str(cid), r["content"], r["content_hash"], r["source_kind"], str(r["source_event_id"]),
+            hit = ChunkHit(str(cid), r["content"], r["source_kind"], str(r["source_event_id"]),
                            r["session_id"], r["chunk_index"], r["domain"], r["scope_path"],
                            _metadata(r["metadata"]), r["created_at"], bm25)
             cosine = r["cosine"]

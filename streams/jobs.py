@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import orjson
+from aiokafka import AIOKafkaProducer
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from upsquad.context.v1 import context_pb2, stream_pb2
@@ -46,14 +48,14 @@ class JobMessage:
 SHARED_STREAMS = frozenset({"metrics:baseline", "audit:access"})
 
 
-def envelope(kind: str, scope: Scope, payload: Message) -> JobMessage:
-    """Wrap `payload` for the logical stream `<kind>:<org_id>` (or the shared stream `kind`),
-    keyed by org_id."""
+def envelope(kind: str, scope: Scope, payload: Message | bytes) -> JobMessage:
+    """Wrap `payload` (a stream.proto message, or bytes already serialised) for the logical stream
+    `<kind>:<org_id>` (or the shared stream `kind`), keyed by org_id."""
     message_id = str(uuid.uuid4())
     stream = kind if kind in SHARED_STREAMS else f"{kind}:{scope.org_id}"
     env = stream_pb2.StreamEnvelope(message_id=message_id, stream=stream,
                                     scope=scope_path(scope), created_at=now_timestamp(),
-                                    payload=payload.SerializeToString())
+                                    payload=payload if isinstance(payload, bytes) else payload.SerializeToString())
     return JobMessage(scope.org_id.encode(), env.SerializeToString(), message_id)
 
 
@@ -81,11 +83,7 @@ def reindex_job(scope: Scope, old_model_version: str, new_model_version: str, in
 
 # stream.proto has no message for the PII scan: its envelope carries JSON {"memory_event_id"}.
 def pii_scan_job(scope: Scope, memory_event_id: str) -> JobMessage:
-    message_id = str(uuid.uuid4())
-    env = stream_pb2.StreamEnvelope(message_id=message_id, stream=f"pii:{scope.org_id}",
-                                    scope=scope_path(scope), created_at=now_timestamp(),
-                                    payload=orjson.dumps({"memory_event_id": memory_event_id}))
-    return JobMessage(scope.org_id.encode(), env.SerializeToString(), message_id)
+    return envelope("pii", scope, orjson.dumps({"memory_event_id": memory_event_id}))
 
 
 def open_pii_scan_job(raw: bytes) -> tuple[stream_pb2.StreamEnvelope, str]:
@@ -106,3 +104,14 @@ def baseline_sample(raw: bytes) -> Sample:
     env, event = open_envelope(raw, stream_pb2.BaselineMetricEvent)
     return Sample(env.message_id, env.scope.org_id, event.prompt_id, event.session_id, event.model_id,
                   event.assembled_tokens, event.naive_tokens, event.sampled_at.ToDatetime(tzinfo=dt.UTC))
+
+
+async def publish(bootstrap: str, topic: str, jobs: Iterable[JobMessage]) -> None:
+    """Send jobs from a one-off command (reindex, pii rescan), each acknowledged by the broker."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for job in jobs:
+            await producer.send_and_wait(topic, job.value, key=job.key)
+    finally:
+        await producer.stop()

@@ -13,11 +13,10 @@ import time
 from dataclasses import dataclass
 
 import asyncpg
-from aiokafka import AIOKafkaProducer
 
 from context_engine.projections.database import org_transaction
 from context_engine.scope import Scope
-from context_engine.streams.jobs import pii_scan_job
+from context_engine.streams.jobs import pii_scan_job, publish
 from context_engine.streams.topics import LogTopics
 
 SYSTEM_ORG = "_system"
@@ -49,14 +48,7 @@ async def quarantined(pool: asyncpg.Pool, org_id: str | None) -> list[Quarantine
 
 
 async def request(bootstrap: str, topics: LogTopics, items: list[Quarantined]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        for q in items:
-            job = pii_scan_job(Scope(q.org_id), q.event_id)
-            await producer.send_and_wait(topics.jobs["pii"], job.value, key=job.key)
-    finally:
-        await producer.stop()
+    await publish(bootstrap, topics.jobs["pii"], [pii_scan_job(Scope(q.org_id), q.event_id) for q in items])
 
 
 async def follow(pool: asyncpg.Pool, items: list[Quarantined], *, timeout: float,

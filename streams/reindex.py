@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import asyncpg
-from aiokafka import AIOKafkaProducer
 
 from context_engine.projections.database import org_transaction
 from context_engine.scope import Scope
-from context_engine.streams.jobs import reindex_job
+from context_engine.streams.jobs import publish, reindex_job
 from context_engine.streams.topics import LogTopics
 
 _IN_SCOPE = "org_id = $1 AND (scope_path = $2 OR starts_with(scope_path, $2 || '/'))"
@@ -48,10 +47,5 @@ async def request(bootstrap: str, topics: LogTopics, scope: Scope, *, old_model_
                   new_model_version: str, initiated_by: str) -> str:
     """Publish the ReindexJob; returns its message_id."""
     job = reindex_job(scope, old_model_version, new_model_version, initiated_by)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        await producer.send_and_wait(topics.jobs["reindex"], job.value, key=job.key)
-    finally:
-        await producer.stop()
+    await publish(bootstrap, topics.jobs["reindex"], [job])
     return job.message_id

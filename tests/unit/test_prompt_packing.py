@@ -14,7 +14,7 @@ def count(text: str) -> int:
 
 
 def block(kind: str, text: str, key: str = "", score: float | None = None, source: str = "") -> Block:
-    return Block(kind, text, "", key=key or text, score=score, source=source)
+    return Block(kind, text, key=key or text, score=score, source=source)
 
 
 LAYERS = [block("layer", "L1: be safe."), block("layer", "L2: acme policy.")]
