@@ -105,12 +105,17 @@ def up(
         help="Use this Kafka-compatible cluster instead of the embedded broker")] = None,
     database_url: Annotated[Optional[str], typer.Option(
         help="Use this PostgreSQL (with pgvector) instead of the embedded one")] = None,
+    api_processes: Annotated[Optional[int], typer.Option(
+        min=1, max=64, help="API processes sharing the gRPC port (default 1)")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(
+        min=-1, help="Prometheus /metrics port of the API (default 9464; 0 = free port, -1 = off)")] = None,
 ) -> None:
     """Run the whole stack: PostgreSQL, broker, migrations, workers, API and detector."""
     from context_engine.supervisor import run_stack
 
     settings = _settings(home=data_dir, api_port=api_port, detector_port=detector_port,
-                         kafka_bootstrap=kafka_bootstrap, database_url=database_url)
+                         kafka_bootstrap=kafka_bootstrap, database_url=database_url,
+                         api_processes=api_processes, metrics_port=metrics_port)
     raise typer.Exit(run_stack(settings))
 
 
@@ -140,14 +145,18 @@ def token_mint(
 
 
 @serve_app.command("api")
-def serve_api(data_dir: DataDir = None) -> None:
+def serve_api(
+    data_dir: DataDir = None,
+    process_index: Annotated[int, typer.Option(
+        min=0, help="Which of the api_processes this is (its metrics port is metrics_port + index)")] = 0,
+) -> None:
     """Serve upsquad.context.v1.ContextEngine."""
     from context_engine.api.app import run_api
     from context_engine.logs import configure_logging
 
     settings = _settings(home=data_dir)
-    configure_logging(settings.log_level, process="api")
-    asyncio.run(run_api(settings))
+    configure_logging(settings.log_level, process=f"api-{process_index}" if settings.api_processes > 1 else "api")
+    asyncio.run(run_api(settings, process_index))
 
 
 @serve_app.command("detector")

@@ -24,6 +24,12 @@ class Settings(BaseSettings):
     api_port: int = 50051
     detector_host: str = "127.0.0.1"
     detector_port: int = 50052
+    # Prometheus /metrics of the API (context_engine/metrics.py): 0 picks a free port, -1 turns
+    # it off. With api_processes > 1, process i listens on metrics_port + i.
+    metrics_port: int = Field(default=9464, ge=-1)
+    # API processes sharing api_port (SO_REUSEPORT; the kernel spreads connections over them),
+    # so the API's Python work is not bound to one core. A channel stays on one process.
+    api_processes: int = Field(default=1, ge=1, le=64)
 
     # Existing infrastructure. When set, the embedded part is not started.
     database_url: str | None = None

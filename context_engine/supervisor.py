@@ -119,9 +119,11 @@ class Stack:
         asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(self.settings).partitions))
 
         write_stack_file(self.home, database_url, bootstrap)
+        apis = self.settings.api_processes
         self.children = [
             Child("worker", ["worker"], self.logs / "worker.log"),
-            Child("api", ["serve", "api"], self.logs / "api.log"),
+            *(Child("api" if apis == 1 else f"api-{i}", ["serve", "api", "--process-index", str(i)],
+                    self.logs / ("api.log" if apis == 1 else f"api-{i}.log")) for i in range(apis)),
             Child("detector", ["serve", "detector"], self.logs / "detector.log"),
         ]
         for child in self.children:
@@ -248,7 +250,11 @@ def run_stack(settings: Settings) -> int:
         stack.start()
         stack.wait_until_serving()
         stack.say(f"SERVING after {time.monotonic() - started:.1f}s")
-        stack.say(f"ContextEngine    grpc://{settings.api_address}  (upsquad.context.v1.ContextEngine)")
+        stack.say(f"ContextEngine    grpc://{settings.api_address}  (upsquad.context.v1.ContextEngine"
+                  + (f", {settings.api_processes} processes)" if settings.api_processes > 1 else ")"))
+        if settings.metrics_port > 0:
+            stack.say(f"metrics          http://{settings.api_host}:{settings.metrics_port}/metrics"
+                      + (" (+1 per API process)" if settings.api_processes > 1 else ""))
         stack.say(f"ML detector      grpc://{settings.detector_address}  (upsquad.ml.v1.MLDetectorService)")
         stack.say(f"data directory   {settings.home_dir}")
         stack.say("get a token:     context-engine token mint --org acme --clearance 2"

@@ -17,7 +17,9 @@ from context_engine.auth import TokenVerifier
 from context_engine.commands.deps import Deps
 from context_engine.commands.session_access import SessionOwners
 from context_engine.config import Settings
+from context_engine.inference.coalescing_embedder import CoalescingEmbedder
 from context_engine.inference.embedder import embedder_from_settings
+from context_engine.metrics import serve_metrics
 from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import APP_ROLE, app_url
 from context_engine.streams.freshness import SessionFreshness
@@ -56,7 +58,8 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
     pool = await create_pool(url, min_size=2, max_size=16)
     event_log = EventLog(settings.kafka_bootstrap, topics, recover, hold_timeout=settings.ack_timeout_seconds)
     watch = ArchiveWatch(url, pool)
-    embedder = embedder_from_settings(settings)
+    # Queries of concurrent calls share model runs (inference/coalescing_embedder.py).
+    embedder = CoalescingEmbedder(embedder_from_settings(settings))
     try:
         await event_log.start()
         await watch.start()
@@ -78,22 +81,27 @@ async def close_pool(pool, grace: float = 5.0) -> None:
         pool.terminate()
 
 
-def build_api_server(settings: Settings, deps: Deps, address: str | None = None) -> HostedServer:
+def build_api_server(settings: Settings, deps: Deps, address: str | None = None, *,
+                     reuse_port: bool = False) -> HostedServer:
     servicer = ContextEngineServicer(deps)
     binding = ServiceBinding(
         SERVICE_NAME, lambda server: context_pb2_grpc.add_ContextEngineServicer_to_server(servicer, server))
     return build_server(
         address or settings.api_address, [binding],
         interceptors=[ErrorsAndAccessLog(settings.rpc_timeout_seconds), Authentication(TokenVerifier(settings))],
-        max_message_bytes=settings.grpc_max_message_bytes,
+        max_message_bytes=settings.grpc_max_message_bytes, reuse_port=reuse_port,
     )
 
 
-async def run_api(settings: Settings) -> None:
+async def run_api(settings: Settings, process_index: int = 0) -> None:
     async with open_deps(settings) as deps:
-        server = build_api_server(settings, deps)
+        server = build_api_server(settings, deps, reuse_port=settings.api_processes > 1)
         await server.start()
-        log.info("serving", service=SERVICE_NAME, address=f"{settings.api_host}:{server.port}")
+        metrics = None
+        if settings.metrics_port >= 0:
+            metrics = serve_metrics(settings.api_host, settings.metrics_port and settings.metrics_port + process_index)
+        log.info("serving", service=SERVICE_NAME, address=f"{settings.api_host}:{server.port}",
+                 process=process_index, metrics=metrics and f"http://{settings.api_host}:{metrics}/metrics")
         signal_name = await wait_for_termination_signal()
         log.info("stopping", signal=signal_name, grace_s=settings.shutdown_grace_seconds)
         await server.stop(settings.shutdown_grace_seconds)

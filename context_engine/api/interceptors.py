@@ -23,6 +23,7 @@ import structlog
 from context_engine import errors
 from context_engine.api.status import status_for, to_status
 from context_engine.auth import Principal, TokenVerifier
+from context_engine.metrics import RPC_SECONDS
 from context_engine.scope import Scope
 
 log = structlog.get_logger("context_engine.access")
@@ -96,8 +97,10 @@ class ErrorsAndAccessLog(grpc.aio.ServerInterceptor):
                         to_status(code, "internal error; see server log", "INTERNAL"))
                 finally:
                     principal = _principal.get(None)
-                    log.info("rpc", method=method, code=code.name if hasattr(code, "name") else str(code),
-                             duration_ms=round((time.perf_counter() - started) * 1000, 2),
+                    seconds = time.perf_counter() - started
+                    code_name = code.name if hasattr(code, "name") else str(code)
+                    RPC_SECONDS.labels(method, code_name).observe(seconds)
+                    log.info("rpc", method=method, code=code_name, duration_ms=round(seconds * 1000, 2),
                              org_id=principal.scope.org_id if principal else None,
                              sub=principal.subject if principal else None)
 

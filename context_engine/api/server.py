@@ -53,13 +53,14 @@ class HostedServer:
 
 def build_server(address: str, services: Sequence[ServiceBinding], *,
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 max_message_bytes: int = 8 * 1024 * 1024) -> HostedServer:
+                 max_message_bytes: int = 8 * 1024 * 1024, reuse_port: bool = False) -> HostedServer:
+    """`reuse_port` lets several processes serve one port; off, a second bind fails loudly."""
     server = grpc.aio.server(
         interceptors=list(interceptors),
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
         ],
     )
     for service in services:

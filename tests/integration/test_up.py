@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import asyncpg
 import grpc
@@ -56,15 +57,45 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def free_port_pair() -> int:
+    """A port p with p + 1 free too (process i of the API serves metrics on p + i)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def metrics_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return reply.read().decode()
+
+
+def rpc_count(text: str, method: str, code: str) -> float:
+    """The value of context_engine_rpc_seconds_count{code=..., method=...} (labels in any order)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("context_engine_rpc_seconds_count{") and f'method="{method}"' in line \
+                and f'code="{code}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 class Up:
-    def __init__(self, home: pathlib.Path) -> None:
+    def __init__(self, home: pathlib.Path, *options: str) -> None:
         self.home = home
         self.api_port, self.detector_port = free_port(), free_port()
         self.lines: list[str] = []
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
+        if "--metrics-port" not in options:
+            options = (*options, "--metrics-port", "0")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "context_engine.cli", "up", "--data-dir", str(home),
-             "--api-port", str(self.api_port), "--detector-port", str(self.detector_port)],
+             "--api-port", str(self.api_port), "--detector-port", str(self.detector_port), *options],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self.reader.start()
@@ -131,8 +162,10 @@ async def run_sql(url: str, sql: str):
 def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
     home = service_tmp_path / "home"
 
-    # First run: everything comes up, answers, and SIGTERM leaves no process behind.
-    up = Up(home)
+    # First run, with two API processes on one port: everything comes up, answers, says where its
+    # time went on /metrics, and SIGTERM leaves no process behind.
+    metrics_port = free_port_pair()
+    up = Up(home, "--api-processes", "2", "--metrics-port", str(metrics_port))
     try:
         up.wait_serving()
         assert health(up.api_port) == health_pb2.HealthCheckResponse.SERVING
@@ -147,11 +180,18 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         assert search(up.api_port, (("authorization", f"Bearer {other_org}"),)) == grpc.StatusCode.PERMISSION_DENIED
         own = mint(home, "--org", "acme", "--clearance", "1")
         assert search(up.api_port, (("authorization", f"Bearer {own}"),)) == grpc.StatusCode.OK
+        search_method = "/upsquad.context.v1.ContextEngine/Search"
+        scraped = [metrics_text(metrics_port), metrics_text(metrics_port + 1)]  # one per API process
+        assert sum(rpc_count(t, search_method, "OK") for t in scraped) == 1
+        assert sum(rpc_count(t, search_method, "UNAUTHENTICATED") for t in scraped) == 1
+        assert sum(rpc_count(t, search_method, "PERMISSION_DENIED") for t in scraped) == 1
+        assert any('context_engine_stage_seconds_count{operation="search",stage="query_embedding"} 1.0' in t
+                   for t in scraped), scraped
 
         asyncio.run(run_sql(up.database_url(), "CREATE TABLE kept_across_runs (x int)"))
         key = (home / "keys" / "jwt-hs256.key").read_text()
         tree = descendants(up.proc.pid)
-        assert len(tree) >= 5, tree  # postgres, broker, worker, api, detector (+ postgres workers)
+        assert len(tree) >= 6, tree  # postgres, broker, worker, 2 x api, detector (+ postgres workers)
     finally:
         up.proc.send_signal(signal.SIGTERM)
     output = up.finish()

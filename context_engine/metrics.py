@@ -1,0 +1,46 @@
+"""Prometheus metrics of the API process: every RPC's duration and status, and the time of each
+stage of the two query paths (Search and AssembleContext), so where a call spends its time is
+read from the running service, not reconstructed by a benchmark.
+
+Exposed over HTTP at `metrics_port` (`/metrics`, the Prometheus text format); docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+from prometheus_client import Counter, Histogram, start_http_server
+
+# Sub-millisecond to seconds: the stages of one query are fractions of a millisecond to tens.
+_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.035, 0.05,
+            0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+RPC_SECONDS = Histogram(
+    "context_engine_rpc_seconds", "Handler time of each RPC, by method and status code.",
+    ["method", "code"], buckets=_BUCKETS)
+
+STAGE_SECONDS = Histogram(
+    "context_engine_stage_seconds",
+    "Wall time of each stage of a query path (operation = search | assemble).",
+    ["operation", "stage"], buckets=_BUCKETS)
+
+RETRIEVAL_PASSES = Counter(
+    "context_engine_retrieval_passes_total",
+    "Retrieval passes run; broadened = the confidence gate's second, wider pass.", ["pass"])
+
+
+@contextlib.contextmanager
+def timed(operation: str, stage: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        STAGE_SECONDS.labels(operation, stage).observe(time.perf_counter() - started)
+
+
+def serve_metrics(host: str, port: int) -> int:
+    """Start the /metrics endpoint on a daemon thread; returns the bound port (0 picks one)."""
+    server, _thread = start_http_server(port, addr=host)
+    return server.server_port
