@@ -8,6 +8,7 @@ the code path Search uses, so the two report the same outcome for the same retri
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from context_engine.errors import DomainError, FailedPrecondition, InvalidArgume
 from context_engine.events import COMPACTION_THRESHOLD, Event, session_aggregate
 from context_engine.hashing import merkle_root, sha256_hex
 from context_engine.inference import tokens
+from context_engine.metrics import timed
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
 from context_engine.projections.guardrail_queries import current_layers
@@ -112,7 +114,64 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     pinned_ids, required_keys = _validate(cmd, deps.settings.max_token_budget)
     scope, org = principal.scope, principal.scope.org_id
     visible = [s.path for s in scope.ancestors()]
-    await deps.freshness.wait(f"{org}/{cmd.session_id}")
+    with timed("assemble", "freshness_wait"):
+        await deps.freshness.wait(f"{org}/{cmd.session_id}")
+    floor = deps.settings.tenant_min_score(org)
+    # Retrieval runs on its own connection while the session's rows are read.
+    retrieval_task = asyncio.ensure_future(
+        _retrieve(deps, scope, cmd.task_description, floor, _retrieval_depth(cmd.token_budget)))
+    try:
+        with timed("assemble", "session_read"):
+            reads = await _read_session(deps, org, scope, visible, cmd, pinned_ids, required_keys)
+        with timed("assemble", "retrieval_wait"):
+            retrieval, failure = await retrieval_task
+    finally:
+        if not retrieval_task.done():
+            retrieval_task.cancel()
+        elif not retrieval_task.cancelled():
+            retrieval_task.exception()  # seen, so one the session read pre-empted is not logged as lost
+    retrieved = [Block("retrieved", s.payload.content, key=s.chunk_id, score=s.score,
+                       source=s.payload.source_event_id)
+                 for s in (retrieval.result.results if retrieval else ())]
+
+    def count(text: str) -> int:
+        return tokens.count_tokens(text, cmd.model_id)
+
+    with timed("assemble", "packing"):
+        packed = pack(layers=reads.layers, pinned=reads.pinned, required=reads.required, retrieved=retrieved,
+                      history_newest_first=reads.history_newest_first, budget=cmd.token_budget, count=count)
+        prompt_id = sha256_hex(packed.prompt.encode("utf-8"))
+    with timed("assemble", "chunk_ids"):
+        chunk_ids = await _chunk_ids(deps, org, packed)
+    quality = _quality(retrieval, failure, packed, floor)
+    baseline = 0
+    if random.random() < deps.settings.tenant_sample_rate(org):
+        with timed("assemble", "baseline"):
+            baseline = await _baseline(deps, org, visible, reads.layers, count, reads.session_tokens, packed,
+                                       prompt_id, cmd, scope)
+    with timed("assemble", "compaction_trigger"):
+        await _compaction_trigger(deps, principal, cmd, reads.session_tokens, reads.compaction_open)
+    return Assembled(
+        prompt_id=prompt_id, prompt=packed.prompt, cache_prefix_bytes=packed.prefix_bytes,
+        assembled_tokens=packed.tokens, baseline_tokens=baseline,
+        savings_ratio=(baseline - packed.tokens) / baseline if baseline else 0.0,
+        version_hash=merkle_root([sha256_hex(b.text.encode("utf-8")) for b in packed.blocks]), chunk_ids=chunk_ids, quality=quality)
+
+
+@dataclass(frozen=True)
+class SessionReads:
+    layers: list[Block]
+    pinned: list[Block]
+    required: list[Block]
+    history_newest_first: list[Block]
+    session_tokens: int
+    compaction_open: bool
+
+
+async def _read_session(deps: Deps, org: str, scope, visible: list[str], cmd: AssembleContext,
+                        pinned_ids: list[str], required_keys: list[str]) -> SessionReads:
+    """Layers, pinned and required blocks, the history window (newest first), the session's
+    active tokens and whether a compaction request is open: one read-only transaction."""
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         session = await queries.get_session(conn, org, cmd.session_id)
         if session is not None:
@@ -125,39 +184,16 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
             "SELECT event_id, content, metadata::text AS metadata FROM session_events "
             "WHERE org_id = $1 AND session_id = $2 AND active ORDER BY seq DESC LIMIT $3",
             org, cmd.session_id, deps.settings.history_window)
-        session_tokens = await conn.fetchval(
-            "SELECT coalesce(sum(token_count), 0) FROM session_events WHERE org_id = $1 AND session_id = $2 AND active",
+        totals = await conn.fetchrow(
+            "SELECT (SELECT coalesce(sum(token_count), 0) FROM session_events"
+            "        WHERE org_id = $1 AND session_id = $2 AND active) AS tokens,"
+            "       EXISTS (SELECT 1 FROM compaction_requests"
+            "               WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL) AS compaction_open",
             org, cmd.session_id)
-        compaction_open = await conn.fetchval(
-            "SELECT true FROM compaction_requests WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL",
-            org, cmd.session_id) or False
     history = [Block("history", _history_text(r), key=str(r["event_id"]), source=str(r["event_id"]))
                for r in history_rows]
-    history = [b for b in history if b.text]
-
-    floor = deps.settings.tenant_min_score(org)
-    retrieval, failure = await _retrieve(deps, scope, cmd.task_description, floor, _retrieval_depth(cmd.token_budget))
-    retrieved = [Block("retrieved", s.payload.content, key=s.chunk_id, score=s.score,
-                       source=s.payload.source_event_id)
-                 for s in (retrieval.result.results if retrieval else ())]
-
-    def count(text: str) -> int:
-        return tokens.count_tokens(text, cmd.model_id)
-
-    packed = pack(layers=layers, pinned=pinned, required=required, retrieved=retrieved,
-                  history_newest_first=history, budget=cmd.token_budget, count=count)
-    prompt_id = sha256_hex(packed.prompt.encode("utf-8"))
-    chunk_ids = await _chunk_ids(deps, org, packed)
-    quality = _quality(retrieval, failure, packed, floor)
-    baseline = 0
-    if random.random() < deps.settings.tenant_sample_rate(org):
-        baseline = await _baseline(deps, org, visible, layers, count, session_tokens, packed, prompt_id, cmd, scope)
-    await _compaction_trigger(deps, principal, cmd, session_tokens, compaction_open)
-    return Assembled(
-        prompt_id=prompt_id, prompt=packed.prompt, cache_prefix_bytes=packed.prefix_bytes,
-        assembled_tokens=packed.tokens, baseline_tokens=baseline,
-        savings_ratio=(baseline - packed.tokens) / baseline if baseline else 0.0,
-        version_hash=merkle_root([sha256_hex(b.text.encode("utf-8")) for b in packed.blocks]), chunk_ids=chunk_ids, quality=quality)
+    return SessionReads(layers, pinned, required, [b for b in history if b.text], int(totals["tokens"]),
+                        totals["compaction_open"])
 
 
 def _history_text(row) -> str:

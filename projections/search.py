@@ -1,10 +1,11 @@
 """Hybrid retrieval over the chunk read models: the Search RPC's query, reused by assembly.
 
-One pass (`_Retriever.run`) for a `Pool`:
+One pass (`_Retriever.run`) for a `Pool`, two statements in one read-only transaction, the query
+embedding computed on a thread meanwhile:
 1. corpus statistics of the caller's visible corpus — searchable chunks owned at the caller's
    scope or an ancestor's (ARCHITECTURE.md section 6), within `domain` when given: N and total
    length from `corpus_stats`, df per query term from `term_stats` (both maintained by the
-   projector, so their cost does not grow with the corpus);
+   projector, so their cost does not grow with the corpus) — the same statement as step 2;
 2. the lexical leg: for each query term its best `postings_per_term` postings by impact (BM25's
    term weight at a reference length, indexed), Okapi BM25 (k1 1.2, b 0.75, retrieval/bm25.py)
    over that union, top `bm25_k` candidates holding the pool's share of the query terms. Reading
@@ -12,7 +13,7 @@ One pass (`_Retriever.run`) for a `Pool`:
    the exact BM25 of every kept candidate is computed in step 4;
 3. the vector leg: cosine over the HNSW index of the running embedder's dimension, top
    `vector_k`, filtered by the same visibility (pgvector iterative scan, so filtering does not
-   starve the result);
+   starve the result) — the same statement as step 4;
 4. for the union of both legs, the other leg's signal too (the cosine of every candidate, BM25
    of every candidate recomputed in Python from its postings with the same statistics), then
    `retrieval.fusion.HYBRID` -> one score in [0, 1].
@@ -21,21 +22,24 @@ score is below the effective floor, and `retrieval.outcome.classify` — the one
 function — applies the floor, the top_k cap and names the outcome.
 
 Row-level security is on (the API's role, `app.org_id` set per transaction); every statement
-also filters on org_id to keep the indexes in use.
+also filters on org_id to keep the indexes in use. Each stage's time is a Prometheus histogram
+(context_engine/metrics.py, operation "search").
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable
 
 import asyncpg
 import numpy as np
 import orjson
 
 from context_engine.errors import InvalidArgument
+from context_engine.metrics import RETRIEVAL_PASSES, timed
 from context_engine.inference.embedder import Embedder
 from context_engine.projections.database import org_transaction
 from context_engine.projections.retrieval.bm25 import (
@@ -111,142 +115,149 @@ async def search(pool: asyncpg.Pool, embedder: Embedder, scope: Scope, q: Search
     query, domain = validate(q)
     top_k = resolve_top_k(q.top_k)
     floor = resolve_min_score(q.min_score, tenant_min_score)
-    terms = analyze(query)
-    vector = (await embedder.embed([query]))[0]
-    retriever = _Retriever(pool, scope, domain, terms, vector, embedder.model_version,
-                           now or dt.datetime.now(dt.UTC))
-    first = Pool(vector_k=max(MIN_POOL, 2 * top_k), bm25_k=max(MIN_POOL, 2 * top_k))
-    gate = await retrieve_with_gate_async(retriever.run, floor, first)
-    return SearchOutcome(classify(gate.candidates, floor, top_k), gate.expansion_applied,
-                         embedder.model_version)
+    # The query embedding runs on its own thread while the lexical leg's statement runs.
+    embedding = asyncio.ensure_future(_embed_query(embedder, query))
+    try:
+        retriever = _Retriever(pool, scope, domain, analyze(query), embedding, embedder.model_version,
+                               now or dt.datetime.now(dt.UTC))
+        first = Pool(vector_k=max(MIN_POOL, 2 * top_k), bm25_k=max(MIN_POOL, 2 * top_k))
+        gate = await retrieve_with_gate_async(retriever.run, floor, first)
+    finally:
+        if not embedding.done():
+            embedding.cancel()
+        elif not embedding.cancelled():
+            embedding.exception()  # seen here, so a failure the search already raised is not logged as lost
+    with timed("search", "classify"):
+        result = classify(gate.candidates, floor, top_k)
+    return SearchOutcome(result, gate.expansion_applied, embedder.model_version)
 
 
-_STATS = """
-SELECT coalesce(sum(n_docs), 0)::bigint AS n, coalesce(sum(total_length), 0)::bigint AS total
-FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[]) AND ($3 = '' OR domain = $3)
-"""
-
-_DF = """
-SELECT term, sum(df)::bigint AS df FROM term_stats
-WHERE org_id = $1 AND term = ANY($2::text[]) AND scope_path = ANY($3::text[]) AND ($4 = '' OR domain = $4)
-GROUP BY term
-"""
-
-# The best `$5` postings of each query term by impact (the partial index on searchable rows),
-# within the caller's visibility: the lexical leg's candidates and their partial postings.
-_TOP_POSTINGS = """
-SELECT p.chunk_id, q.term, p.tf, p.doc_length
-FROM unnest($2::text[]) AS q(term)
-CROSS JOIN LATERAL (
-    SELECT chunk_id, tf, doc_length FROM chunk_terms
-    WHERE org_id = $1 AND term = q.term AND searchable AND scope_path = ANY($3::text[])
-      AND ($4 = '' OR domain = $4)
-    ORDER BY impact DESC LIMIT $5
-) AS p
-"""
+async def _embed_query(embedder: Embedder, query: str) -> np.ndarray:
+    with timed("search", "query_embedding"):
+        # pooled connections carry pgvector's codec, which takes float32 arrays
+        return np.asarray((await embedder.embed([query]))[0], dtype=np.float32)
 
 
-def _vector_leg(dims: int) -> str:
-    return f"""
-SELECT chunk_id FROM chunks
-WHERE org_id = $1 AND embedding_dims = {dims} AND embedding_model = $3 AND searchable
-  AND scope_path = ANY($4::text[]) AND ($5 = '' OR domain = $5)
-ORDER BY embedding::vector({dims}) <=> $2::vector({dims})
-LIMIT $6
+# The visible corpus's N, total length and the query terms' df (maintained by the projector),
+# and the best `$5` postings of each query term by impact (the partial index on searchable
+# rows) within the caller's visibility: everything the lexical leg needs, in one round trip.
+_LEXICAL = """
+WITH df AS (
+    SELECT term, sum(df)::bigint AS df FROM term_stats
+    WHERE org_id = $1 AND term = ANY($2::text[]) AND scope_path = ANY($3::text[]) AND ($4 = '' OR domain = $4)
+    GROUP BY term
+), postings AS (
+    SELECT p.chunk_id, q.term, p.tf, p.doc_length
+    FROM unnest($2::text[]) AS q(term)
+    CROSS JOIN LATERAL (
+        SELECT chunk_id, tf, doc_length FROM chunk_terms
+        WHERE org_id = $1 AND term = q.term AND searchable AND scope_path = ANY($3::text[])
+          AND ($4 = '' OR domain = $4)
+        ORDER BY impact DESC LIMIT $5
+    ) AS p
+)
+SELECT s.n, s.total,
+       (SELECT array_agg(term) FROM df) AS df_terms, (SELECT array_agg(df) FROM df) AS df_values,
+       p.chunk_ids, p.terms, p.tfs, p.lengths
+FROM (SELECT coalesce(sum(n_docs), 0)::bigint AS n, coalesce(sum(total_length), 0)::bigint AS total
+      FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($3::text[]) AND ($4 = '' OR domain = $4)) AS s,
+     (SELECT array_agg(chunk_id) AS chunk_ids, array_agg(term) AS terms, array_agg(tf) AS tfs,
+             array_agg(doc_length) AS lengths FROM postings) AS p
 """
 
 
 def _candidates(dims: int) -> str:
+    """The vector leg (cosine over the HNSW index of the running embedder's dimension, top `$6`,
+    same visibility; pgvector's iterative scan keeps filtering from starving it), its union with
+    the lexical leg's `$7`, and for each candidate its row, its cosine and its postings of the
+    query terms: one round trip."""
     return f"""
-SELECT chunk_id, content, source_kind, source_event_id, session_id, chunk_index, domain, scope_path,
-       metadata::text AS metadata, created_at,
-       CASE WHEN embedding_dims = {dims} AND embedding_model = $3
-            THEN 1 - (embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine
-FROM chunks WHERE org_id = $1 AND chunk_id = ANY($4::uuid[])
-"""
-
-
-_POSTINGS = """
-SELECT chunk_id, term, tf, doc_length FROM chunk_terms
-WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) AND term = ANY($3::text[])
+WITH vector_leg AS (
+    SELECT chunk_id FROM chunks
+    WHERE org_id = $1 AND embedding_dims = {dims} AND embedding_model = $3 AND searchable
+      AND scope_path = ANY($4::text[]) AND ($5 = '' OR domain = $5)
+    ORDER BY embedding::vector({dims}) <=> $2::vector({dims})
+    LIMIT $6
+), ids AS (
+    SELECT chunk_id FROM vector_leg UNION SELECT unnest($7::uuid[])
+)
+SELECT c.chunk_id, c.content, c.source_kind, c.source_event_id, c.session_id, c.chunk_index, c.domain,
+       c.scope_path, c.metadata::text AS metadata, c.created_at,
+       CASE WHEN c.embedding_dims = {dims} AND c.embedding_model = $3
+            THEN 1 - (c.embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine,
+       t.terms, t.tfs, t.doc_length
+FROM ids JOIN chunks c ON c.org_id = $1 AND c.chunk_id = ids.chunk_id
+LEFT JOIN LATERAL (
+    SELECT array_agg(term) AS terms, array_agg(tf) AS tfs, max(doc_length) AS doc_length FROM chunk_terms
+    WHERE org_id = $1 AND chunk_id = c.chunk_id AND term = ANY($8::text[])
+) AS t ON true
 """
 
 
 class _Retriever:
-    def __init__(self, pool: asyncpg.Pool, scope: Scope, domain: str, terms: list[str], vector: Any,
-                 model_version: str, now: dt.datetime) -> None:
+    def __init__(self, pool: asyncpg.Pool, scope: Scope, domain: str, terms: list[str],
+                 vector: Awaitable[np.ndarray], model_version: str, now: dt.datetime) -> None:
         self.pool = pool
         self.org_id = scope.org_id
         self.scopes = [s.path for s in scope.ancestors()]
         self.domain = domain
         self.terms = terms
-        self.query_tf = Counter(terms)
-        self.vector = np.asarray(vector, dtype=np.float32)  # pooled connections carry pgvector's codec
-        self.dims = len(vector)
+        self.distinct_terms = list(Counter(terms))
+        self.vector = vector
         self.model_version = model_version
         self.now = now
 
     async def run(self, p: Pool) -> list[ScoredCandidate]:
-        async with org_transaction(self.pool, self.org_id, readonly=True) as conn:
-            await conn.execute(f"SET LOCAL hnsw.ef_search = {int(p.ef_search)}")
-            await conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            stats = await self._stats(conn)
-            lexical = await self._bm25_leg(conn, stats, p)
-            vector_rows = await conn.fetch(_vector_leg(self.dims), self.org_id, self.vector,
-                                           self.model_version, self.scopes, self.domain, p.vector_k)
-            ids = list(dict.fromkeys([*lexical, *(r["chunk_id"] for r in vector_rows)]))
-            if not ids:
-                return []
-            rows = await conn.fetch(_candidates(self.dims), self.org_id, self.vector,
-                                    self.model_version, ids)
-            postings = await conn.fetch(_POSTINGS, self.org_id, ids, list(self.query_tf)) if self.terms else []
-        docs: dict[Any, dict[str, int]] = {}
-        lengths: dict[Any, int] = {}
-        for r in postings:
-            docs.setdefault(r["chunk_id"], {})[r["term"]] = r["tf"]
-            lengths[r["chunk_id"]] = r["doc_length"]
-        mass = query_idf_mass(self.terms, stats) if self.terms else 0.0
-        candidates = []
-        for r in rows:
-            cid = r["chunk_id"]
-            bm25 = bm25_score(self.terms, DocumentTerms(docs.get(cid, {}), lengths.get(cid, 0)), stats) \
-                if cid in docs else 0.0
-            hit = ChunkHit(str(cid), r["content"], r["source_kind"], str(r["source_event_id"]),
-                           r["session_id"], r["chunk_index"], r["domain"], r["scope_path"],
-                           _metadata(r["metadata"]), r["created_at"], bm25)
-            cosine = r["cosine"]
-            candidates.append(Candidate(str(cid), None if cosine is None else float(cosine), bm25,
-                                        r["created_at"], hit))
-        return HYBRID.fuse(candidates, now=self.now, query_idf_mass=mass)
+        RETRIEVAL_PASSES.labels("broadened" if p.expanded else "first").inc()
+        local = {"hnsw.ef_search": str(int(p.ef_search)), "hnsw.iterative_scan": "relaxed_order"}
+        async with org_transaction(self.pool, self.org_id, readonly=True, local=local) as conn:
+            with timed("search", "lexical_leg"):
+                stats, lexical = await self._lexical_leg(conn, p)
+            with timed("search", "query_embedding_wait"):
+                vector = await self.vector
+            with timed("search", "vector_leg_and_candidates"):
+                rows = await conn.fetch(_candidates(len(vector)), self.org_id, vector, self.model_version,
+                                        self.scopes, self.domain, p.vector_k, lexical, self.distinct_terms)
+        with timed("search", "fusion"):
+            mass = query_idf_mass(self.terms, stats) if self.terms else 0.0
+            candidates = []
+            for r in rows:
+                cid = r["chunk_id"]
+                bm25 = bm25_score(self.terms, DocumentTerms(dict(zip(r["terms"], r["tfs"])), r["doc_length"]),
+                                  stats) if r["terms"] else 0.0
+                hit = ChunkHit(str(cid), r["content"], r["source_kind"], str(r["source_event_id"]),
+                               r["session_id"], r["chunk_index"], r["domain"], r["scope_path"],
+                               _metadata(r["metadata"]), r["created_at"], bm25)
+                cosine = r["cosine"]
+                candidates.append(Candidate(str(cid), None if cosine is None else float(cosine), bm25,
+                                            r["created_at"], hit))
+            return HYBRID.fuse(candidates, now=self.now, query_idf_mass=mass)
 
-    async def _stats(self, conn: asyncpg.Connection) -> CorpusStats:
-        row = await conn.fetchrow(_STATS, self.org_id, self.scopes, self.domain)
-        df: dict[str, int] = {}
-        if self.terms:
-            df = {r["term"]: r["df"] for r in await conn.fetch(
-                _DF, self.org_id, list(self.query_tf), self.scopes, self.domain)}
-        return CorpusStats.from_totals(row["n"], row["total"], df)
-
-    async def _bm25_leg(self, conn: asyncpg.Connection, stats: CorpusStats, p: Pool) -> list[Any]:
-        """Top `bm25_k` by BM25 over the union of each term's best postings (`postings_per_term`
-        of them). A candidate's score here counts the terms whose best postings it is among; the
-        exact score of every candidate kept is computed afterwards from all its postings."""
-        present = [t for t in self.query_tf if stats.df.get(t)]
-        if not present or stats.n_docs == 0:
-            return []
-        # Terms the visible corpus does not hold at all cannot be required of a candidate.
-        required = max(1, min(minimum_should_match(len(self.query_tf), p.bm25_min_match_fraction), len(present)))
+    async def _lexical_leg(self, conn: asyncpg.Connection, p: Pool) -> tuple[CorpusStats, list[Any]]:
+        """The visible corpus's statistics, and the top `bm25_k` by BM25 over the union of each
+        term's best postings (`postings_per_term` of them). A candidate's score here counts the
+        terms whose best postings it is among; the exact score of every candidate kept is
+        computed afterwards from all its postings."""
+        if not self.terms:
+            return CorpusStats(0, 0.0), []
         per_term = max(POSTINGS_PER_TERM, 2 * p.bm25_k) * (BROADEN_POSTINGS if p.expanded else 1)
-        rows = await conn.fetch(_TOP_POSTINGS, self.org_id, present, self.scopes, self.domain, per_term)
+        row = await conn.fetchrow(_LEXICAL, self.org_id, self.distinct_terms, self.scopes, self.domain, per_term)
+        stats = CorpusStats.from_totals(row["n"], row["total"], dict(zip(row["df_terms"] or (), row["df_values"] or ())))
+        present = [t for t in self.distinct_terms if stats.df.get(t)]
+        if not present or stats.n_docs == 0 or not row["chunk_ids"]:
+            return stats, []
+        # Terms the visible corpus does not hold at all cannot be required of a candidate.
+        required = max(1, min(minimum_should_match(len(self.distinct_terms), p.bm25_min_match_fraction),
+                              len(present)))
         docs: dict[Any, dict[str, int]] = {}
         lengths: dict[Any, int] = {}
-        for r in rows:
-            docs.setdefault(r["chunk_id"], {})[r["term"]] = r["tf"]
-            lengths[r["chunk_id"]] = r["doc_length"]
+        for cid, term, tf, length in zip(row["chunk_ids"], row["terms"], row["tfs"], row["lengths"]):
+            docs.setdefault(cid, {})[term] = tf
+            lengths[cid] = length
         scored = [(bm25_score(self.terms, DocumentTerms(tf, lengths[cid]), stats), str(cid), cid)
                   for cid, tf in docs.items() if len(tf) >= required]
         scored.sort(key=lambda x: (-x[0], x[1]))
-        return [cid for _, _, cid in scored[:p.bm25_k]]
+        return stats, [cid for _, _, cid in scored[:p.bm25_k]]
 
 
 def _metadata(text: str) -> dict[str, Any]:
