@@ -16,14 +16,9 @@ its compaction-threshold event (a log write); later calls do not.
   (a) open loop: --rate calls/s offered for --open-seconds (Poisson arrivals); latency counted
       from the scheduled arrival (no coordinated omission), achieved rate = completions / span;
   (b) closed loop: 1 / 8 / 32 clients back to back for --closed-seconds each;
-  (c) time per stage, in this process against the same database as the API's role: the real
-      `commands.assemble_context.assemble_context` with its collaborators wrapped by timers
-      (module attributes patched in this process, engine code unchanged): every SQL statement
-      (named), `current_layers`, `projections.search.search` (query embedding / SQL / the rest),
-      `prompt_packing.pack` (token counting split out), `_chunk_ids`, the savings baseline,
-      the merkle root; the freshness wait, the log publish and the compaction append are no-ops
-      here (nothing is appended by this process). Self time per stage, so stages add up to the
-      total.
+  (c) time per stage, as the API itself measures it (its Prometheus histograms,
+      context_engine/metrics.py, read before and after; retrieval's own stages under "search"):
+      for --stage-calls calls one at a time on the idle stack, and for each load phase.
 
     .venv/bin/python bench/assemble.py                                        # 100,000 chunks
     .venv/bin/python bench/assemble.py --chunks 5000 --open-seconds 20 --closed-seconds 5
@@ -38,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import json
 import os
 import pathlib
@@ -57,17 +51,10 @@ from tqdm import tqdm
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
-from context_engine.auth import Principal
-from context_engine.commands import assemble_context as ac
-from context_engine.config import Settings
 from context_engine.inference import tokens as tokens_mod
-from context_engine.inference.embedder import MiniLMEmbedder
-from context_engine.projections.database import create_pool
-from context_engine.projections.migrate import APP_ROLE, app_url
-from context_engine.scope import Scope
 
-from common import (Stack, drive_closed_loop, drive_open_loop, embedding_progress, load_average, machine, percentile,
-                    wait_embedded, wait_quiet)
+from common import (ServerMetrics, Stack, drive_closed_loop, drive_open_loop, embedding_progress, load_average, machine, percentile,
+                    stage_table, wait_embedded, wait_quiet)
 from search import ORG, make_corpus, present_seqs, questions
 from search import ingest as load_chunks
 
@@ -140,6 +127,7 @@ class Phase:
     with_history: int = 0  # responses with a "## Recent conversation" section
     retrieved: list[int] = field(default_factory=list)  # blocks in "## Retrieved context"
     span: float = 0.0
+    stages: list[str] = field(default_factory=list)  # the API's stage table for this phase
 
     @property
     def achieved(self) -> float:
@@ -232,242 +220,46 @@ async def load_tests(stack: Stack, qs: list[str], sessions: list[str], args) -> 
         print(phases[-1].line(), file=sys.stderr, flush=True)
         await asyncio.sleep(2)
         print(f"open loop: {args.rate:g} calls/s for {args.open_seconds:g} s ...", file=sys.stderr, flush=True)
+        metrics = stack.metrics()
+        before = metrics.snapshot()
         phases.append(await open_loop(c, args.rate, args.open_seconds))
+        phases[-1].stages = stages_of(metrics, before)
         print(phases[-1].line(), file=sys.stderr, flush=True)
         for clients in args.clients:
             await asyncio.sleep(2)
             print(f"closed loop: {clients} clients for {args.closed_seconds:g} s ...", file=sys.stderr, flush=True)
+            before = metrics.snapshot()
             phases.append(await closed_loop(c, clients, args.closed_seconds))
+            phases[-1].stages = stages_of(metrics, before)
             print(phases[-1].line(), file=sys.stderr, flush=True)
         return phases
 
 
 # -- time per stage ------------------------------------------------------------------------------
 
-class Clock:
-    """Self time per stage: entering a nested stage pauses the enclosing one."""
-
-    def __init__(self) -> None:
-        self.totals: collections.Counter = collections.Counter()
-        self.stack: list[str] = []
-        self.t = time.perf_counter()
-
-    def _switch(self) -> None:
-        now = time.perf_counter()
-        if self.stack:
-            self.totals[self.stack[-1]] += now - self.t
-        self.t = now
-
-    @contextlib.contextmanager
-    def stage(self, name: str):
-        self._switch()
-        self.stack.append(name)
-        try:
-            yield
-        finally:
-            self._switch()
-            self.stack.pop()
-
-    @property
-    def top(self) -> str:
-        return self.stack[-1] if self.stack else ""
+ASSEMBLE_METHOD = "/upsquad.context.v1.ContextEngine/AssembleContext"
 
 
-OWN_SQL = ("retrieval", "chunk ids", "savings baseline (sampled)")  # stages whose SQL is split out
+def stages_of(metrics: ServerMetrics, before) -> list[str]:
+    """AssembleContext's stages and those of the retrieval it runs, as the API timed them."""
+    return stage_table(metrics, before, metrics.snapshot(), ("assemble", "search"), ASSEMBLE_METHOD)
 
 
-def sql_label(sql: str) -> str:
-    s = " ".join(sql.split())
-    if s.startswith("SELECT set_config") or s.startswith("SET LOCAL"):
-        return "SQL set-up (begin, set_config, commit)"
-    if s.startswith("SELECT * FROM sessions"):
-        return "session lookup"
-    if s.startswith("SELECT event_id, content, metadata::text"):
-        return "history rows"
-    if "sum(token_count)" in s and "FROM session_events" in s:
-        return "history token sum"
-    if "FROM compaction_requests" in s:
-        return "compaction request lookup"
-    return "other SQL"
-
-
-class TimedConnection:
-    def __init__(self, conn: asyncpg.Connection, clock: Clock) -> None:
-        self._conn, self._c = conn, clock
-
-    def _name(self, sql: str) -> str | None:
-        top = self._c.top
-        if top in OWN_SQL:
-            return f"{top}: SQL"
-        if top == "core":
-            return sql_label(sql)
-        return None  # stays in the enclosing stage (e.g. current_layers)
-
-    async def _timed(self, method: str, sql: str, *args):
-        name = self._name(sql)
-        if name is None:
-            return await getattr(self._conn, method)(sql, *args)
-        with self._c.stage(name):
-            return await getattr(self._conn, method)(sql, *args)
-
-    async def execute(self, sql, *args):
-        return await self._timed("execute", sql, *args)
-
-    async def fetch(self, sql, *args):
-        return await self._timed("fetch", sql, *args)
-
-    async def fetchrow(self, sql, *args):
-        return await self._timed("fetchrow", sql, *args)
-
-    async def fetchval(self, sql, *args):
-        return await self._timed("fetchval", sql, *args)
-
-    def __getattr__(self, name):
-        return getattr(self._conn, name)
-
-    @contextlib.asynccontextmanager
-    async def transaction(self, **kwargs):
-        tx = self._conn.transaction(**kwargs)
-        name = self._name("SET LOCAL") or self._c.top
-        with self._c.stage(name):
-            await tx.__aenter__()
-        try:
-            yield self
-        except BaseException as exc:
-            await tx.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        with self._c.stage(name):
-            await tx.__aexit__(None, None, None)
-
-
-class TimedPool:
-    def __init__(self, pool: asyncpg.Pool, clock: Clock) -> None:
-        self._pool, self._c = pool, clock
-
-    @contextlib.asynccontextmanager
-    async def acquire(self):
-        async with self._pool.acquire() as conn:
-            yield TimedConnection(conn, self._c)
-
-
-class TimedEmbedder:
-    def __init__(self, inner: MiniLMEmbedder, clock: Clock) -> None:
-        self._inner, self._c = inner, clock
-        self.model_version, self.dimension = inner.model_version, inner.dimension
-
-    async def embed(self, texts):
-        with self._c.stage("retrieval: query embedding (MiniLM)"):
-            return await self._inner.embed(texts)
-
-
-class NoFreshness:
-    async def wait(self, session_key: str) -> None:
-        return None
-
-
-class NoLog:
-    async def publish(self, *args, **kwargs) -> None:
-        return None
-
-
-@dataclass
-class BenchDeps:
-    """What assemble_context uses of Deps; nothing here writes to the log."""
-    settings: Settings
-    pool: TimedPool
-    embedder: TimedEmbedder
-    freshness: NoFreshness = field(default_factory=NoFreshness)
-    log: NoLog = field(default_factory=NoLog)
-    appends: int = 0
-
-    async def append(self, event, session_key: str) -> None:
-        self.appends += 1
-
-
-STAGES = ("SQL set-up (begin, set_config, commit)", "session lookup", "layers (current_layers)", "history rows",
-          "history token sum", "compaction request lookup", "retrieval: query embedding (MiniLM)", "retrieval: SQL",
-          "retrieval", "token counting (tiktoken)", "packing (pack, without counting)", "chunk ids: SQL", "chunk ids",
-          "identity (merkle root)", "savings baseline (sampled): SQL", "savings baseline (sampled)",
-          "compaction trigger", "other SQL", "core")
-NAMES = {"retrieval": "retrieval: fusion, gate, classify (Python)", "chunk ids": "chunk ids: Python",
-         "savings baseline (sampled)": "savings baseline (sampled): Python + counting",
-         "core": "other Python (validation, blocks, quality)"}
-
-
-def _timed_async(clock: Clock, name: str, fn):
-    async def wrapper(*args, **kwargs):
-        with clock.stage(name):
-            return await fn(*args, **kwargs)
-    return wrapper
-
-
-def _timed_sync(clock: Clock, name: str, fn):
-    def wrapper(*args, **kwargs):
-        with clock.stage(name):
-            return fn(*args, **kwargs)
-    return wrapper
-
-
-class TimedTokens:
-    """Stands in for the `tokens` module inside commands.assemble_context."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._c = clock
-
-    def count_tokens(self, text: str, model_id: str = "") -> int:
-        if self._c.top == "savings baseline (sampled)":
-            return tokens_mod.count_tokens(text, model_id)
-        with self._c.stage("token counting (tiktoken)"):
-            return tokens_mod.count_tokens(text, model_id)
-
-    def __getattr__(self, name):
-        return getattr(tokens_mod, name)
-
-
-async def stage_timings(database_url: str, qs: list[str], sessions: list[str], n: int, budget: int,
-                        seed: int = 13) -> tuple[dict[str, list[float]], list[float], int, int]:
-    clock = Clock()
-    pool = await create_pool(app_url(database_url, APP_ROLE), min_size=1, max_size=2)
-    settings = Settings()
-    deps = BenchDeps(settings, TimedPool(pool, clock), TimedEmbedder(MiniLMEmbedder(), clock))
-    principal = Principal("bench", Scope.parse(ORG, PILLAR, TEAM, AGENT), 1)
-    patched = {
-        "current_layers": _timed_async(clock, "layers (current_layers)", ac.current_layers),
-        "search": _timed_async(clock, "retrieval", ac.search),
-        "pack": _timed_sync(clock, "packing (pack, without counting)", ac.pack),
-        "_chunk_ids": _timed_async(clock, "chunk ids", ac._chunk_ids),
-        "merkle_root": _timed_sync(clock, "identity (merkle root)", ac.merkle_root),
-        "_baseline": _timed_async(clock, "savings baseline (sampled)", ac._baseline),
-        "_compaction_trigger": _timed_async(clock, "compaction trigger", ac._compaction_trigger),
-        "tokens": TimedTokens(clock),
-    }
-    originals = {name: getattr(ac, name) for name in patched}
-    rng = random.Random(seed)
-    per_stage: dict[str, list[float]] = {s: [] for s in STAGES}
-    totals: list[float] = []
-    sampled = 0
-    try:
-        for name, value in patched.items():
-            setattr(ac, name, value)
-        for i in tqdm(range(n + 10), desc="stages", unit="call", file=sys.stderr):
-            cmd = ac.AssembleContext(session_id=rng.choice(sessions), task_description=qs[i % len(qs)],
-                                     token_budget=budget, model_id=MODEL)
-            clock.totals = collections.Counter()
-            started = time.perf_counter()
-            with clock.stage("core"):
-                result = await ac.assemble_context(deps, principal, cmd)
-            total = time.perf_counter() - started
-            if i < 10:  # warm-up: connections, prepared statements, the model
-                continue
-            totals.append(total)
-            sampled += bool(result.baseline_tokens)
-            for stage in STAGES:
-                per_stage[stage].append(clock.totals.get(stage, 0.0))
-    finally:
-        for name, value in originals.items():
-            setattr(ac, name, value)
-        await pool.close()
-    return per_stage, totals, sampled, deps.appends
+async def stage_timings(stack: Stack, qs: list[str], sessions: list[str], n: int, args) -> Phase:
+    """`n` calls one at a time through gRPC on the idle stack."""
+    metrics = stack.metrics()
+    prefix = "\n\n".join(LAYERS[level] for level in sorted(LAYERS))
+    async with grpc.aio.insecure_channel(stack.address) as channel:
+        c = Caller(context_pb2_grpc.ContextEngineStub(channel), stack.token(ORG, pillar=PILLAR, team=TEAM, agent=AGENT),
+                   qs[::-1], sessions, args.budget, args.timeout, prefix)
+        phase = Phase("one at a time", None, 0)
+        before = metrics.snapshot()
+        started = time.perf_counter()
+        for _ in tqdm(range(n), desc="stages", unit="call", file=sys.stderr):
+            await c.call(phase, c.next_request(), asyncio.get_running_loop().time())
+        phase.span = time.perf_counter() - started
+        phase.stages = stages_of(metrics, before)
+    return phase
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -497,6 +289,7 @@ def main() -> None:
     parser.add_argument("--closed-seconds", type=float, default=20.0)
     parser.add_argument("--timeout", type=float, default=30.0, help="per call, seconds")
     parser.add_argument("--stage-calls", type=int, default=300)
+    parser.add_argument("--api-processes", type=int, default=1, help="API processes sharing the port")
     parser.add_argument("--json", type=pathlib.Path, default=None)
     args = parser.parse_args()
 
@@ -505,7 +298,7 @@ def main() -> None:
     created = args.home is None or not args.home.exists()
     home = args.home or pathlib.Path(tempfile.mkdtemp(prefix="context-engine-assemble-"))
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="context-engine-assemble-layers-"))
-    stack = Stack(home)
+    stack = Stack(home, api_processes=args.api_processes)
     report: dict[str, object] = {}
     try:
         stack.wait_serving()
@@ -543,8 +336,7 @@ def main() -> None:
         phases = asyncio.run(load_tests(stack, qs, sessions, args))
         report["load_after"] = load_average()
         wait_quiet(stack)
-        per_stage, totals, sampled, appends = asyncio.run(
-            stage_timings(database_url, qs, sessions, args.stage_calls, args.budget))
+        one_at_a_time = asyncio.run(stage_timings(stack, qs, sessions, args.stage_calls, args))
     finally:
         stack.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -571,16 +363,12 @@ def main() -> None:
           f"section {sum(p.with_history for p in phases):,}; retrieved blocks per prompt mean "
           f"{statistics.fmean(n for p in phases for n in p.retrieved):.1f}")
     print()
-    total_mean = statistics.fmean(totals) * 1000
-    print(f"time per stage, {len(totals)} calls one at a time, in process (idle stack); savings baseline ran on "
-          f"{sampled}; compaction appends skipped {appends}")
-    print(f"{'stage':<50}{'mean ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'share':>8}")
-    for stage in STAGES:
-        ms = [x * 1000 for x in per_stage[stage]]
-        print(f"{NAMES.get(stage, stage):<50}{statistics.fmean(ms):>9.2f}{percentile(ms, 50):>9.2f}"
-              f"{percentile(ms, 95):>9.2f}{statistics.fmean(ms) / total_mean:>8.0%}")
-    ms = [x * 1000 for x in totals]
-    print(f"{'total assemble_context()':<50}{total_mean:>9.2f}{percentile(ms, 50):>9.2f}{percentile(ms, 95):>9.2f}")
+    for phase in [one_at_a_time, *phases]:
+        if phase.stages:
+            print(f"time per stage, {phase.name} ({len(phase.latencies):,} calls; client-side "
+                  f"p50 {percentile(phase.latencies, 50) * 1000:.1f} ms)")
+            print("\n".join(phase.stages))
+            print()
 
     open_phase = next(p for p in phases if p.offered)
     closed = [p for p in phases if p.name.startswith("closed")]
@@ -598,11 +386,8 @@ def main() -> None:
             "machine": machine(), "chunks": chunks, "sessions": len(sessions), "session_tokens": session_tokens,
             "settings": vars(args) | {"home": str(home), "json": None}, "layer_tokens": layer_tokens,
             "phases": [{"name": p.name} | p.stats() for p in phases],
-            "stages_ms": {NAMES.get(s, s): {"mean": statistics.fmean(v) * 1000, "p50": percentile(v, 50) * 1000,
-                                            "p95": percentile(v, 95) * 1000} for s, v in per_stage.items()},
-            "total_ms": {"mean": total_mean, "p50": percentile(totals, 50) * 1000,
-                         "p95": percentile(totals, 95) * 1000},
-            "sampled": sampled, "report": report}, indent=2, default=str))
+            "stages": {p.name: p.stages for p in [one_at_a_time, *phases]}, "report": report},
+            indent=2, default=str))
 
 
 if __name__ == "__main__":

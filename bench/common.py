@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import datetime as dt
 import json
 import os
@@ -22,8 +23,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import random
 from collections.abc import Awaitable
@@ -38,6 +40,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_run(n: int) -> int:
+    """A port p with p .. p + n - 1 all free."""
+    for _ in range(100):
+        first = free_port()
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(first + 1, first + n):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def machine() -> str:
@@ -62,19 +79,29 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Stack:
-    """`context-engine up --data-dir home` on free ports; `stop()` sends SIGTERM and waits."""
+    """`context-engine up --data-dir home` on free ports; `stop()` sends SIGTERM and waits.
+    `api_processes` API processes share the gRPC port; process i serves /metrics on
+    metrics_port + i (`ServerMetrics` reads them all)."""
 
-    def __init__(self, home: pathlib.Path) -> None:
+    def __init__(self, home: pathlib.Path, *, api_processes: int = 1,
+                 settings: dict[str, str] | None = None) -> None:
         self.home = home
         self.api_port, self.detector_port = free_port(), free_port()
+        self.metrics_port = free_port_run(api_processes)
+        self.api_processes = api_processes
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
         env["CONTEXT_ENGINE_LOG_LEVEL"] = "WARNING"
+        env.update(settings or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "context_engine.cli", "up", "--data-dir", str(home),
-             "--api-port", str(self.api_port), "--detector-port", str(self.detector_port)],
+             "--api-port", str(self.api_port), "--detector-port", str(self.detector_port),
+             "--api-processes", str(api_processes), "--metrics-port", str(self.metrics_port)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.output: collections.deque[str] = collections.deque(maxlen=50)  # last lines of `up`
         self.postgres_pid: int | None = None
+
+    def metrics(self) -> "ServerMetrics":
+        return ServerMetrics([self.metrics_port + i for i in range(self.api_processes)])
 
     @property
     def address(self) -> str:
@@ -299,3 +326,96 @@ def embedding_progress(**bar_options) -> tuple[tqdm, Callable[[int, int], None]]
         bar.update(done - bar.n)
 
     return bar, progress
+
+
+# -- the API's own stage timings (context_engine/metrics.py) --------------------------------------
+
+class ServerMetrics:
+    """The Prometheus histograms of every API process, summed: `snapshot()` before and after a
+    phase, then `stages()` / `rpc()` give what the server measured in between."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+
+    def snapshot(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = collections.Counter()
+        for port in self.ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+                text = reply.read().decode()
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    values[(sample.name, tuple(sorted(sample.labels.items())))] += sample.value
+        return values
+
+    @staticmethod
+    def histograms(before, after, metric: str, **match: str) -> dict[tuple[tuple[str, str], ...], "Histogram"]:
+        """Per label set (without `le`) of `metric` matching `match`: the observations between
+        the two snapshots."""
+        out: dict[tuple[tuple[str, str], ...], Histogram] = {}
+        for (name, labels), value in after.items():
+            if not name.startswith(metric + "_"):
+                continue
+            label_map = dict(labels)
+            if any(label_map.get(k) != v for k, v in match.items()):
+                continue
+            delta = value - before.get((name, labels), 0.0)
+            le = label_map.pop("le", None)
+            key = tuple(sorted(label_map.items()))
+            h = out.setdefault(key, Histogram())
+            if name.endswith("_count"):
+                h.count = delta
+            elif name.endswith("_sum"):
+                h.total = delta
+            elif le is not None:
+                h.buckets.append((float(le), delta))
+        return {k: h for k, h in out.items() if h.count}
+
+
+@dataclass
+class Histogram:
+    count: float = 0.0
+    total: float = 0.0
+    buckets: list[tuple[float, float]] = field(default_factory=list)  # (upper bound, cumulative)
+
+    @property
+    def mean_ms(self) -> float:
+        return self.total / self.count * 1000 if self.count else float("nan")
+
+    def quantile_ms(self, q: float) -> float:
+        """Linear interpolation inside the bucket holding the q-th observation (as PromQL's
+        histogram_quantile)."""
+        rank, lower, below = q * self.count, 0.0, 0.0
+        for upper, cumulative in sorted(self.buckets):
+            if cumulative >= rank:
+                if upper == float("inf"):
+                    return lower * 1000
+                inside = cumulative - below
+                return (lower + (upper - lower) * ((rank - below) / inside if inside else 1.0)) * 1000
+            lower, below = upper, cumulative
+        return float("nan")
+
+
+def stage_table(metrics: ServerMetrics, before, after, operations: tuple[str, ...], rpc_method: str) -> list[str]:
+    """Lines: each stage of each of `operations` as the API timed it (calls, mean, p50, p95 from
+    the histogram buckets, share of the RPC's total time), then the RPC itself."""
+    rpc = metrics.histograms(before, after, "context_engine_rpc_seconds", method=rpc_method, code="OK")
+    rpc_h = next(iter(rpc.values()), Histogram())
+    stages = {labels: h for operation in operations for labels, h in
+              metrics.histograms(before, after, "context_engine_stage_seconds", operation=operation).items()}
+    lines = [f"{'stage (server-side wall time)':<36}{'calls':>8}{'mean ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'share':>8}"]
+    for labels, h in sorted(stages.items(), key=lambda kv: -kv[1].total):
+        share = h.total / rpc_h.total if rpc_h.total else float("nan")
+        name = f"{dict(labels)['operation']}: {dict(labels)['stage']}"
+        lines.append(f"{name:<36}{h.count:>8.0f}{h.mean_ms:>9.2f}{h.quantile_ms(.5):>9.2f}"
+                     f"{h.quantile_ms(.95):>9.2f}{share:>8.0%}")
+    lines.append(f"{'whole RPC handler':<36}{rpc_h.count:>8.0f}{rpc_h.mean_ms:>9.2f}{rpc_h.quantile_ms(.5):>9.2f}"
+                 f"{rpc_h.quantile_ms(.95):>9.2f}")
+    def passes(kind: str) -> float:
+        key = ("context_engine_retrieval_passes_total", (("pass", kind),))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    first, broadened = passes("first"), passes("broadened")
+    lines.append(f"retrieval passes: {first:.0f} first, {broadened:.0f} broadened by the confidence gate")
+    return lines

@@ -37,12 +37,10 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import pathlib
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +56,7 @@ from upsquad.context.v1 import context_pb2_grpc
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections.retrieval.chunking import CHUNK_NAMESPACE
 
-from common import (LOCOMO_DIR, Conversation, Stack, call_with_retry, embedding_progress, free_port, load_average,
+from common import (LOCOMO_DIR, Conversation, Stack, call_with_retry, embedding_progress, load_average,
                     load_locomo, machine, percentile, wait_embedded)
 from locomo_search import CATEGORIES, REFERENCE, Item, items_of, org_of
 
@@ -73,27 +71,6 @@ _RETRIEVED_HEADING = re.compile(r"(?:^|\n\n)## Retrieved context\n\n")
 
 def session_of(c: Conversation) -> str:
     return f"conversation-{c.name}"
-
-
-class TunedStack(Stack):
-    """`Stack` with extra CONTEXT_ENGINE_* settings for the stack's processes (common.Stack
-    removes every CONTEXT_ENGINE_ variable of this process's environment)."""
-
-    def __init__(self, home: pathlib.Path, settings: dict[str, str]) -> None:  # noqa: D107
-        if not settings:
-            super().__init__(home)
-            return
-        self.home = home
-        self.api_port, self.detector_port = free_port(), free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
-        env["CONTEXT_ENGINE_LOG_LEVEL"] = "WARNING"
-        env.update(settings)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "context_engine.cli", "up", "--data-dir", str(home),
-             "--api-port", str(self.api_port), "--detector-port", str(self.detector_port)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.output = collections.deque(maxlen=50)
-        self.postgres_pid = None
 
 
 # -- load ----------------------------------------------------------------------------------------
@@ -332,7 +309,7 @@ def main() -> None:
     settings = {} if args.min_score is None else {"CONTEXT_ENGINE_RETRIEVAL_MIN_SCORE": str(args.min_score)}
     created = args.home is None or not args.home.exists()
     home = args.home or pathlib.Path(tempfile.mkdtemp(prefix="context-engine-locomo-asm-"))
-    stack = TunedStack(home, settings)
+    stack = Stack(home, settings=settings)
     try:
         stack.wait_serving()
         endpoints = stack.endpoints()

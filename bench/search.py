@@ -14,10 +14,9 @@ shuffled, cycled; Search with top_k 10 and the server's default floor unless tol
   (a) open loop: --rate queries/s offered for --open-seconds (Poisson arrivals; --arrivals fixed
       for a fixed interval); latency counted from the scheduled arrival (no coordinated omission);
   (b) closed loop: 1 / 4 / 16 clients calling back to back for --closed-seconds each;
-  (c) time per stage, in this process against the same database as the API's role, running
-      `context_engine.projections.search.search` itself with a timing wrapper around the pool
-      (each statement the engine sends is timed and named), the embedder, `HYBRID.fuse` and
-      `classify`.
+  (c) time per stage, as the API itself measures it (its Prometheus histograms,
+      context_engine/metrics.py, read before and after): for --stage-queries Search calls one at
+      a time on the idle stack, and for each load phase (so queueing shows as waiting stages).
 
     .venv/bin/python bench/search.py                                      # 100,000 chunks
     .venv/bin/python bench/search.py --chunks 5000 --open-seconds 20 --closed-seconds 5
@@ -34,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import json
 import pathlib
 import random
@@ -52,16 +50,10 @@ from tqdm import tqdm
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
-from context_engine.config import Settings
-from context_engine.inference.embedder import MiniLMEmbedder
 from context_engine.inference.tokens import count_tokens
-from context_engine.projections import search as search_mod
-from context_engine.projections.database import create_pool
-from context_engine.projections.migrate import APP_ROLE, app_url
-from context_engine.scope import Scope
 
 from common import (LOCOMO_DIR, RETRIES, Stack, call_with_retry, drive_closed_loop, drive_open_loop,
-                    embedding_progress, load_average, load_locomo, machine, percentile, wait_embedded, wait_quiet)
+                    embedding_progress, load_average, load_locomo, machine, percentile, stage_table, wait_embedded, wait_quiet)
 
 ORG = "bench-search"
 
@@ -145,6 +137,7 @@ class Phase:
     errors: collections.Counter = field(default_factory=collections.Counter)
     outcomes: collections.Counter = field(default_factory=collections.Counter)
     span: float = 0.0  # first arrival to last completion
+    stages: list[str] = field(default_factory=list)  # the API's stage table for this phase
 
     @property
     def achieved(self) -> float:
@@ -201,165 +194,41 @@ async def load_tests(stack: Stack, qs: list[str], args) -> list[Phase]:
             await s.call(warm, s.next_request(), asyncio.get_running_loop().time())
         phases = []
         print(f"open loop: {args.rate:g} q/s for {args.open_seconds:g} s ...", file=sys.stderr, flush=True)
+        metrics = stack.metrics()
+        before = metrics.snapshot()
         phases.append(await open_loop(s, args.rate, args.open_seconds, args.arrivals))
+        phases[-1].stages = stage_table(metrics, before, metrics.snapshot(), ("search",), SEARCH_METHOD)
         print(phases[-1].line(), file=sys.stderr, flush=True)
         for clients in args.clients:
             await asyncio.sleep(2)
             print(f"closed loop: {clients} clients for {args.closed_seconds:g} s ...", file=sys.stderr, flush=True)
+            before = metrics.snapshot()
             phases.append(await closed_loop(s, clients, args.closed_seconds))
+            phases[-1].stages = stage_table(metrics, before, metrics.snapshot(), ("search",), SEARCH_METHOD)
             print(phases[-1].line(), file=sys.stderr, flush=True)
         return phases
 
 
 # -- time per stage ------------------------------------------------------------------------------
 
-class Timings:
-    """Seconds per stage for the current query."""
-
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels = labels
-        self.current: collections.Counter = collections.Counter()
-        self.passes = 0
-
-    def add(self, stage: str, seconds: float) -> None:
-        self.current[stage] += seconds
+SEARCH_METHOD = "/upsquad.context.v1.ContextEngine/Search"
 
 
-class TimedConnection:
-    def __init__(self, conn: asyncpg.Connection, timings: Timings) -> None:
-        self._conn, self._t = conn, timings
-
-    async def _timed(self, method: str, sql: str, *args):
-        if "hnsw.ef_search" in sql:
-            self._t.passes += 1
+async def stage_timings(stack: Stack, qs: list[str], n: int, args) -> Phase:
+    """`n` Search calls one at a time through gRPC; each stage's time as the API measured it
+    (its Prometheus histograms, context_engine/metrics.py), read before and after."""
+    metrics = stack.metrics()
+    async with grpc.aio.insecure_channel(stack.address) as channel:
+        s = Searcher(context_pb2_grpc.ContextEngineStub(channel), stack.token(ORG), qs[::-1], args.top_k,
+                     args.min_score, args.timeout)
+        phase = Phase("one at a time", None, 0)
+        before = metrics.snapshot()
         started = time.perf_counter()
-        result = await getattr(self._conn, method)(sql, *args)
-        self._t.add(self._t.labels.get(sql, SETUP), time.perf_counter() - started)
-        return result
-
-    async def execute(self, sql: str, *args):
-        return await self._timed("execute", sql, *args)
-
-    async def fetch(self, sql: str, *args):
-        return await self._timed("fetch", sql, *args)
-
-    async def fetchrow(self, sql: str, *args):
-        return await self._timed("fetchrow", sql, *args)
-
-    @contextlib.asynccontextmanager
-    async def transaction(self, **kwargs):
-        tx = self._conn.transaction(**kwargs)
-        started = time.perf_counter()
-        await tx.__aenter__()
-        self._t.add(SETUP, time.perf_counter() - started)
-        try:
-            yield self
-        except BaseException as exc:
-            await tx.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        started = time.perf_counter()
-        await tx.__aexit__(None, None, None)
-        self._t.add(SETUP, time.perf_counter() - started)
-
-
-class TimedPool:
-    def __init__(self, pool: asyncpg.Pool, timings: Timings) -> None:
-        self._pool, self._t = pool, timings
-
-    @contextlib.asynccontextmanager
-    async def acquire(self):
-        async with self._pool.acquire() as conn:
-            yield TimedConnection(conn, self._t)
-
-
-class TimedEmbedder:
-    def __init__(self, inner: MiniLMEmbedder, timings: Timings) -> None:
-        self._inner, self._t = inner, timings
-        self.model_version, self.dimension = inner.model_version, inner.dimension
-
-    async def embed(self, texts):
-        started = time.perf_counter()
-        vectors = await self._inner.embed(texts)
-        self._t.add("query embedding (MiniLM)", time.perf_counter() - started)
-        return vectors
-
-
-class TimedRecipe:
-    def __init__(self, inner, timings: Timings) -> None:
-        self._inner, self._t = inner, timings
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def fuse(self, *args, **kwargs):
-        started = time.perf_counter()
-        out = self._inner.fuse(*args, **kwargs)
-        self._t.add("fusion (HYBRID.fuse)", time.perf_counter() - started)
-        return out
-
-
-# Names for the statements projections/search.py keeps as module constants (a constant not listed
-# here is reported under its own name, so a changed search.py is still timed statement by statement).
-KNOWN_SQL = {"_STATS": "BM25: corpus stats", "_DF": "BM25: df per term", "_BM25_LEG": "BM25 leg",
-             "_TOP_POSTINGS": "BM25 leg (top postings per term)", "_POSTINGS": "postings of candidates"}
-SQL_BUILDERS = {"_vector_leg": "vector leg (HNSW)", "_candidates": "candidates (content + cosine)"}
-SETUP = "SQL set-up (set_config, SET LOCAL)"
-
-
-def sql_labels(dims: int) -> dict[str, str]:
-    """Statement text -> stage name, for every SQL constant and builder of projections/search.py."""
-    labels = {}
-    for name, value in vars(search_mod).items():
-        if name.startswith("_") and isinstance(value, str) and "SELECT" in value.upper():
-            labels[value] = KNOWN_SQL.get(name, f"SQL {name}")
-    for name, label in SQL_BUILDERS.items():
-        if callable(builder := getattr(search_mod, name, None)):
-            labels[builder(dims)] = label
-    return labels
-
-
-async def stage_timings(database_url: str, qs: list[str], n: int, top_k: int, min_score: float
-                        ) -> tuple[dict[str, list[float]], list[float], int]:
-    embedder = MiniLMEmbedder()
-    labels = sql_labels(embedder.dimension)
-    timings = Timings(labels)
-    stages = ["query embedding (MiniLM)", *dict.fromkeys(labels.values()), "fusion (HYBRID.fuse)", "classify",
-              SETUP]
-    pool = await create_pool(app_url(database_url, APP_ROLE), min_size=1, max_size=1)
-    real_hybrid, real_classify = search_mod.HYBRID, search_mod.classify
-
-    def timed_classify(*args, **kwargs):
-        started = time.perf_counter()
-        out = real_classify(*args, **kwargs)
-        timings.add("classify", time.perf_counter() - started)
-        return out
-
-    search_mod.HYBRID, search_mod.classify = TimedRecipe(real_hybrid, timings), timed_classify
-    per_stage: dict[str, list[float]] = {s: [] for s in [*stages, "other Python"]}
-    totals: list[float] = []
-    expanded = 0
-    scope = Scope.parse(ORG)
-    floor_default = Settings().tenant_min_score(ORG)
-    try:
-        timed_pool, timed_embedder = TimedPool(pool, timings), TimedEmbedder(embedder, timings)
-        for i in tqdm(range(n + 10), desc="stages", unit="query", file=sys.stderr):
-            timings.current, timings.passes = collections.Counter(), 0
-            started = time.perf_counter()
-            await search_mod.search(timed_pool, timed_embedder, scope,
-                                    search_mod.SearchQuery(qs[i % len(qs)], top_k=top_k, min_score=min_score),
-                                    floor_default)
-            total = time.perf_counter() - started
-            if i < 10:  # warm-up: connection, prepared statements, model
-                continue
-            totals.append(total)
-            expanded += timings.passes > 1
-            for stage in stages:
-                per_stage[stage].append(timings.current.get(stage, 0.0))
-            per_stage["other Python"].append(total - sum(timings.current.values()))
-    finally:
-        search_mod.HYBRID, search_mod.classify = real_hybrid, real_classify
-        await pool.close()
-    return per_stage, totals, expanded
+        for _ in tqdm(range(n), desc="stages", unit="query", file=sys.stderr):
+            await s.call(phase, s.next_request(), asyncio.get_running_loop().time())
+        phase.span = time.perf_counter() - started
+        phase.stages = stage_table(metrics, before, metrics.snapshot(), ("search",), SEARCH_METHOD)
+    return phase
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -381,6 +250,7 @@ def main() -> None:
     parser.add_argument("--min-score", type=float, default=0.0, help="0 = the server's default floor")
     parser.add_argument("--timeout", type=float, default=30.0, help="per Search call, seconds")
     parser.add_argument("--stage-queries", type=int, default=300)
+    parser.add_argument("--api-processes", type=int, default=1, help="API processes sharing the port")
     parser.add_argument("--json", type=pathlib.Path, default=None)
     args = parser.parse_args()
 
@@ -388,7 +258,7 @@ def main() -> None:
     qs = questions()
     created = args.home is None or not args.home.exists()
     home = args.home or pathlib.Path(tempfile.mkdtemp(prefix="context-engine-search-"))
-    stack = Stack(home)
+    stack = Stack(home, api_processes=args.api_processes)
     report: dict[str, object] = {}
     try:
         stack.wait_serving()
@@ -428,8 +298,7 @@ def main() -> None:
         phases = asyncio.run(load_tests(stack, qs, args))
         report["load_after"] = load_average()
         wait_quiet(stack)
-        per_stage, totals, expanded = asyncio.run(stage_timings(database_url, qs, args.stage_queries,
-                                                                args.top_k, args.min_score))
+        one_at_a_time = asyncio.run(stage_timings(stack, qs, args.stage_queries, args))
     finally:
         stack.stop()
         if created and not args.keep:
@@ -458,16 +327,12 @@ def main() -> None:
         outcomes.update(phase.outcomes)
     print(f"outcomes over the load phases: {dict(outcomes)}")
     print()
-    total_mean = statistics.fmean(totals) * 1000
-    print(f"time per stage, {len(totals)} queries one at a time, in process (idle stack); "
-          f"gate fired (second, broadened pass) on {expanded} of {len(totals)}")
-    print(f"{'stage':<36}{'mean ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'share':>8}")
-    for stage in per_stage:
-        ms = [x * 1000 for x in per_stage[stage]]
-        print(f"{stage:<36}{statistics.fmean(ms):>9.2f}{percentile(ms, 50):>9.2f}{percentile(ms, 95):>9.2f}"
-              f"{statistics.fmean(ms) / total_mean:>8.0%}")
-    ms = [x * 1000 for x in totals]
-    print(f"{'total search()':<36}{total_mean:>9.2f}{percentile(ms, 50):>9.2f}{percentile(ms, 95):>9.2f}")
+    for phase in [one_at_a_time, *phases]:
+        if phase.stages:
+            print(f"time per stage, {phase.name} ({len(phase.latencies):,} calls; client-side "
+                  f"p50 {percentile(phase.latencies, 50) * 1000:.1f} ms)")
+            print("\n".join(phase.stages))
+            print()
 
     if args.json:
         args.json.write_text(json.dumps({
@@ -476,11 +341,8 @@ def main() -> None:
                         "p50_ms": percentile(p.latencies, 50) * 1000, "p95_ms": percentile(p.latencies, 95) * 1000,
                         "p99_ms": percentile(p.latencies, 99) * 1000, "ok": len(p.latencies),
                         "errors": dict(p.errors), "outcomes": dict(p.outcomes)} for p in phases],
-            "stages_ms": {s: {"mean": statistics.fmean(v) * 1000, "p50": percentile(v, 50) * 1000,
-                              "p95": percentile(v, 95) * 1000} for s, v in per_stage.items()},
-            "total_ms": {"mean": total_mean, "p50": percentile(totals, 50) * 1000,
-                         "p95": percentile(totals, 95) * 1000},
-            "expanded": expanded, "report": report}, indent=2, default=str))
+            "stages": {p.name: p.stages for p in [one_at_a_time, *phases]}, "report": report},
+            indent=2, default=str))
 
 
 if __name__ == "__main__":
