@@ -83,17 +83,25 @@ class EmbeddingPipeline:
                 progress(n)
             await self._await_applied(scope.org_id, [r["content_hash"] for r in rows])
 
-    async def backlog(self, *, older_than: dt.timedelta, limit: int = 512) -> dict[str, list[str]]:
-        """Chunks without a vector from the running model, older than `older_than`, by org."""
+    async def backlog(self, *, older_than: dt.timedelta, limit: int = 512,
+                      after: tuple[dt.datetime, str] | None = None) -> tuple[dict[str, list[str]], tuple | None]:
+        """One page of the chunks without a vector from the running model, older than
+        `older_than`, by org, in (created_at, chunk_id) order after `after`; and the key to pass
+        as `after` for the next page (None when this page was the last). Pages go by key, not by
+        "still without a vector": vectors are recorded through the log, so a chunk just embedded
+        may still look unembedded when the next page is read."""
         async with org_transaction(self.pool, SYSTEM_ORG, readonly=True) as conn:
             rows = await conn.fetch(
-                "SELECT org_id, chunk_id FROM chunks WHERE embedding IS NULL AND searchable "
-                "  AND created_at < now() - $1::interval ORDER BY created_at LIMIT $2",
-                older_than, limit)
+                "SELECT org_id, chunk_id, created_at FROM chunks WHERE embedding IS NULL AND searchable "
+                "  AND created_at < now() - $1::interval"
+                "  AND ($3::timestamptz IS NULL OR (created_at, chunk_id) > ($3, $4::uuid))"
+                " ORDER BY created_at, chunk_id LIMIT $2",
+                older_than, limit, after[0] if after else None, after[1] if after else None)
         out: dict[str, list[str]] = {}
         for r in rows:
             out.setdefault(r["org_id"], []).append(str(r["chunk_id"]))
-        return out
+        last = (rows[-1]["created_at"], str(rows[-1]["chunk_id"])) if len(rows) == limit else None
+        return out, last
 
     async def _record(self, org_id: str, texts: dict[str, str], *, reuse_recorded: bool = True) -> int:
         if not texts:

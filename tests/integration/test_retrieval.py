@@ -5,6 +5,7 @@ the embedding cache."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 
 import asyncpg
@@ -288,3 +289,35 @@ async def test_term_statistics_follow_rollbacks(engine):
         await conn.close()
     assert kept == counted == {"apples": 2, "pears": 1, "again": 1}
     assert n_docs == 2
+
+
+async def test_the_backlog_sweep_pages_through_every_unembedded_chunk_once(engine):
+    """What the worker's sweep walks after a broker restart lost the queued EmbeddingJobs: pages
+    by (created_at, chunk_id), so chunks embedded meanwhile (their vectors still on the way
+    through the log) are never fetched twice and a large backlog is covered in one sweep."""
+    from context_engine.projections.database import create_pool
+    from context_engine.streams.embedding_pipeline import EmbeddingPipeline
+
+    org = unique("backlog")
+    caller = engine.caller(org, clearance=1)
+    await ingest(caller, "s", TURNS)
+    await wait_embedded(engine, org)
+    admin = await create_pool(engine.settings.database_url, org_scoped=False)
+    try:
+        ours = {str(r["chunk_id"]) for r in await admin.fetch(
+            "UPDATE chunks SET embedding = NULL, embedding_model = NULL WHERE org_id = $1 RETURNING chunk_id", org)}
+        assert len(ours) == len(TURNS)
+        pipeline = EmbeddingPipeline(admin, engine.deps.embedder, send=None)
+        seen: list[str] = []
+        pages, after = 0, None
+        while True:
+            page, after = await pipeline.backlog(older_than=dt.timedelta(0), limit=2, after=after)
+            pages += 1
+            assert sum(map(len, page.values())) <= 2
+            seen += page.get(org, [])
+            if after is None:
+                break
+        assert sorted(seen) == sorted(ours) and len(seen) == len(ours)  # each exactly once
+        assert pages >= 3
+    finally:
+        await admin.close()
