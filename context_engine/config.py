@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     embedder_api_key: SecretStr | None = None
     embedder_model: str = "text-embedding-3-small"
     embedder_dimensions: int | None = None
+    # Intra-op threads of the API's local query embedder. One query is ~5 ms of CPU on one thread
+    # and ~6.5 ms spread over two (measured, docs/benchmarks.md); under load the API's SQL and
+    # Python need the other core, so 1. The worker's batch embedder uses min(2, cpus).
+    query_embedder_threads: int = Field(default=1, ge=1, le=64)
     embed_cache_ttl_days: int = 30
     embedding_batch_size: int = 64
 

@@ -571,10 +571,11 @@ def build_embedder(kind: str = "minilm", **options: Any) -> Embedder:
     raise ValueError(f"unknown embedder kind {kind!r}; expected 'minilm' or 'openai'")
 
 
-def embedder_from_settings(settings: Any) -> Embedder:
-    """The configured embedder (context_engine.config.Settings: embedder, embedder_*)."""
+def embedder_from_settings(settings: Any, *, threads: int | None = None) -> Embedder:
+    """The configured embedder (context_engine.config.Settings: embedder, embedder_*);
+    `threads`: the local model's intra-op threads (None: min(2, cpus))."""
     if settings.embedder == "openai":
         key = settings.embedder_api_key.get_secret_value() if settings.embedder_api_key else None
         return OpenAIEmbedder(model=settings.embedder_model, base_url=settings.embedder_url,
                               api_key=key, dimensions=settings.embedder_dimensions)
-    return MiniLMEmbedder()
+    return MiniLMEmbedder(intra_op_threads=threads)

@@ -46,6 +46,7 @@ from context_engine.projections.retrieval.bm25 import (
     CorpusStats,
     DocumentTerms,
     analyze,
+    bm25_of_postings,
     bm25_score,
     minimum_should_match,
     query_idf_mass,
@@ -249,15 +250,14 @@ class _Retriever:
         # Terms the visible corpus does not hold at all cannot be required of a candidate.
         required = max(1, min(minimum_should_match(len(self.distinct_terms), p.bm25_min_match_fraction),
                               len(present)))
-        docs: dict[Any, dict[str, int]] = {}
-        lengths: dict[Any, int] = {}
-        for cid, term, tf, length in zip(row["chunk_ids"], row["terms"], row["tfs"], row["lengths"]):
-            docs.setdefault(cid, {})[term] = tf
-            lengths[cid] = length
-        scored = [(bm25_score(self.terms, DocumentTerms(tf, lengths[cid]), stats), str(cid), cid)
-                  for cid, tf in docs.items() if len(tf) >= required]
-        scored.sort(key=lambda x: (-x[0], x[1]))
-        return stats, [cid for _, _, cid in scored[:p.bm25_k]]
+        index: dict[Any, int] = {}
+        doc = [index.setdefault(cid, len(index)) for cid in row["chunk_ids"]]
+        scores, held = bm25_of_postings(self.terms, stats, doc, row["terms"], row["tfs"], row["lengths"], len(index))
+        ids = np.array(list(index), dtype=object)
+        keep = np.nonzero(held >= required)[0]
+        # best first; equal scores in chunk-id order, so the same query always keeps the same set
+        order = keep[np.lexsort((ids[keep].astype(str), -scores[keep]))]
+        return stats, list(ids[order[:p.bm25_k]])
 
 
 def _metadata(text: str) -> dict[str, Any]:

@@ -59,7 +59,7 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
     event_log = EventLog(settings.kafka_bootstrap, topics, recover, hold_timeout=settings.ack_timeout_seconds)
     watch = ArchiveWatch(url, pool)
     # Queries of concurrent calls share model runs (inference/coalescing_embedder.py).
-    embedder = CoalescingEmbedder(embedder_from_settings(settings))
+    embedder = CoalescingEmbedder(embedder_from_settings(settings, threads=settings.query_embedder_threads))
     try:
         await event_log.start()
         await watch.start()
