@@ -9,7 +9,7 @@ L3 team, L4 agent; texts below: 217 / 114 / 66 / 60 cl100k tokens).
 
 Every call: AssembleContext(session = a random one of the org's sessions, task_description = a
 LoCoMo question (shuffled, cycled), token_budget 4,000, model_id "gpt-4"), the server's default
-settings (floor 0.35, savings sampled on 5 % of calls). Before measuring, one call per session
+settings (floor retrieval_min_score, savings sampled on 5 % of calls). Before measuring, one call per session
 (8 in flight, reported separately): the first call on a session over 80 % of the budget appends
 its compaction-threshold event (a log write); later calls do not.
 
@@ -350,7 +350,7 @@ def main() -> None:
           f"{session_tokens:,.0f} cl100k tokens; bench/search.py's corpus), PostgreSQL {report.get('postgres')} + "
           f"pgvector, tansu, MiniLM-L6 int8; caller {ORG}/{PILLAR}/{TEAM}/{AGENT}; layers L1-L4 "
           f"{'/'.join(map(str, layer_tokens))} tokens; budget {args.budget}, model_id {MODEL!r}, server defaults "
-          f"(floor 0.35, savings sampled 5 %); client in the same machine (one process, grpc.aio)")
+          f"(savings sampled 5 %); client in the same machine (one process, grpc.aio)")
     if todo:
         print(f"load: {len(todo):,} IngestEvent calls ({args.ingest_concurrency} in flight) in {ingest_s:.0f} s; "
               f"every chunk embedded {embed_tail_s:.0f} s after the last ack")

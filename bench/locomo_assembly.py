@@ -12,7 +12,7 @@ table), and waits until every chunk has a vector.
 Then, for every question and every budget (default 1,000 / 2,000 / 4,000), one AssembleContext
 call (one in flight): task_description = the question, session_id = the conversation's session,
 model_id "gpt-4" (cl100k_base), no hints, no guardrail layers, the server's default settings
-(retrieval floor 0.35, savings sampled on 5 % of calls).
+(retrieval floor retrieval_min_score, savings sampled on 5 % of calls).
 
 Per budget:
   evidence coverage   per question |evidence turns in the prompt| / |evidence|, averaged
@@ -288,7 +288,7 @@ def main() -> None:
                         help="token budgets, comma-separated")
     parser.add_argument("--locomo-dir", type=pathlib.Path, default=LOCOMO_DIR)
     parser.add_argument("--min-score", type=float, default=None,
-                        help="the tenant floor retrieval_min_score for the stack (default: the server's, 0.35)")
+                        help="the tenant floor retrieval_min_score for the stack (default: the server's)")
     parser.add_argument("--home", type=pathlib.Path, default=None,
                         help="data directory for the stack (default: a scratch directory, removed at the end)")
     parser.add_argument("--keep", action="store_true", help="do not remove the data directory")
@@ -337,7 +337,7 @@ def main() -> None:
     print(f"settings: embedded PostgreSQL 18 + pgvector, tansu, MiniLM-L6 int8; {len(conversations)} orgs, one "
           f"session each; {n_turns:,} IngestEvent calls (in order per session) in {ingest_s:.1f} s; {chunks:,} "
           f"chunks embedded {embed_wait_s:.1f} s after the last ack; AssembleContext model_id {MODEL!r}, no hints, "
-          f"no layers, floor {args.min_score if args.min_score is not None else 'server default (0.35)'}, "
+          f"no layers, floor {args.min_score if args.min_score is not None else 'server default'}, "
           f"one call in flight")
     print(f"store checks: {problems or 'every turn is one chunk with id UUIDv5(event_id#0); sessions in dialogue order'}")
     over = sum(c.assembled_tokens > c.budget for c in calls)

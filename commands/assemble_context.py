@@ -41,7 +41,7 @@ PINNED_HINT = "pinned_chunk_ids"
 MUST_INCLUDE_HINT = "must_include"
 MAX_HINT_ITEMS = 32
 MEMORY_KEYS = ("working", "episodic", "semantic")
-TOKENS_PER_RETRIEVED_CHUNK = 30
+TOKENS_PER_RETRIEVED_CHUNK = 20
 
 
 @dataclass(frozen=True)
@@ -247,8 +247,10 @@ async def _required(conn, org: str, agent_id: str, session_id: str, visible: lis
 
 
 def _retrieval_depth(token_budget: int) -> int:
-    """How many chunks to retrieve: about as many as the budget could hold (a chunk is a turn,
-    tens of tokens), so a small budget does not pay for a deep retrieval it cannot use."""
+    """How many chunks to retrieve: more than the budget could hold (a conversation turn is ~27
+    cl100k tokens on LoCoMo; one per 20 tokens leaves room for those the floor removes), so the
+    retrieved section, not recency, fills the budget, and a small budget does not pay for a deep
+    retrieval it cannot use."""
     return max(10, min(MAX_TOP_K, token_budget // TOKENS_PER_RETRIEVED_CHUNK))
 
 

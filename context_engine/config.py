@@ -97,7 +97,7 @@ class Settings(BaseSettings):
     # floor the engine has. Fused scores of MiniLM-based retrieval sit far below 0.7
     # (docs/retrieval.md), so the default is calibrated on that scale. Per-tenant overrides:
     # {"org-id": 0.5} (JSON in CONTEXT_ENGINE_RETRIEVAL_MIN_SCORE_BY_ORG).
-    retrieval_min_score: float = Field(default=0.35, gt=0.0, le=1.0)
+    retrieval_min_score: float = Field(default=0.25, gt=0.0, le=1.0)
     retrieval_min_score_by_org: dict[str, float] = {}
 
     # AssembleContext (docs/assembly.md).

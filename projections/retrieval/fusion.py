@@ -42,7 +42,7 @@ between 0.35 and 0.45 on the vector side; equal weights sit in the middle of it.
 Scale: on that data the top fused score (without recency) has median 0.46 and 10th percentile
 0.32, and the best evidence turn a median of 0.35; a fresh chunk adds up to 0.10 of recency.
 A floor of 0.7 therefore rejects most genuine answers: calibrate ``retrieval_min_score``
-against this scale (roughly 0.3-0.4 for MiniLM), not against raw cosine habits.
+against this scale (the default is 0.25 for MiniLM, docs/retrieval.md), not against raw cosine habits.
 
 A candidate missing a leg's signal (``None``) gets 0 from that leg. The wiring should compute
 BOTH signals for the union of the two legs' candidates (the vector is stored with the chunk and
