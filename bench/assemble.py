@@ -53,8 +53,8 @@ from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.inference import tokens as tokens_mod
 
-from common import (ServerMetrics, Stack, drive_closed_loop, drive_open_loop, embedding_progress, load_average, machine, percentile,
-                    stage_table, wait_embedded, wait_quiet)
+from common import (ServerMetrics, Stack, drive_closed_loop, drive_open_loop, embedding_progress, load_average, machine,
+                    one_at_a_time, percentile, print_stage_tables, stage_table, wait_embedded, wait_quiet)
 from search import ORG, make_corpus, present_seqs, questions
 from search import ingest as load_chunks
 
@@ -247,19 +247,12 @@ def stages_of(metrics: ServerMetrics, before) -> list[str]:
 
 async def stage_timings(stack: Stack, qs: list[str], sessions: list[str], n: int, args) -> Phase:
     """`n` calls one at a time through gRPC on the idle stack."""
-    metrics = stack.metrics()
     prefix = "\n\n".join(LAYERS[level] for level in sorted(LAYERS))
     async with grpc.aio.insecure_channel(stack.address) as channel:
         c = Caller(context_pb2_grpc.ContextEngineStub(channel), stack.token(ORG, pillar=PILLAR, team=TEAM, agent=AGENT),
                    qs[::-1], sessions, args.budget, args.timeout, prefix)
-        phase = Phase("one at a time", None, 0)
-        before = metrics.snapshot()
-        started = time.perf_counter()
-        for _ in tqdm(range(n), desc="stages", unit="call", file=sys.stderr):
-            await c.call(phase, c.next_request(), asyncio.get_running_loop().time())
-        phase.span = time.perf_counter() - started
-        phase.stages = stages_of(metrics, before)
-    return phase
+        return await one_at_a_time(stack, Phase("one at a time", None, 0), c, n, ("assemble", "search"),
+                                   ASSEMBLE_METHOD)
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -336,7 +329,7 @@ def main() -> None:
         phases = asyncio.run(load_tests(stack, qs, sessions, args))
         report["load_after"] = load_average()
         wait_quiet(stack)
-        one_at_a_time = asyncio.run(stage_timings(stack, qs, sessions, args.stage_calls, args))
+        sequential = asyncio.run(stage_timings(stack, qs, sessions, args.stage_calls, args))
     finally:
         stack.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -363,12 +356,7 @@ def main() -> None:
           f"section {sum(p.with_history for p in phases):,}; retrieved blocks per prompt mean "
           f"{statistics.fmean(n for p in phases for n in p.retrieved):.1f}")
     print()
-    for phase in [one_at_a_time, *phases]:
-        if phase.stages:
-            print(f"time per stage, {phase.name} ({len(phase.latencies):,} calls; client-side "
-                  f"p50 {percentile(phase.latencies, 50) * 1000:.1f} ms)")
-            print("\n".join(phase.stages))
-            print()
+    print_stage_tables([sequential, *phases])
 
     open_phase = next(p for p in phases if p.offered)
     closed = [p for p in phases if p.name.startswith("closed")]
@@ -386,7 +374,7 @@ def main() -> None:
             "machine": machine(), "chunks": chunks, "sessions": len(sessions), "session_tokens": session_tokens,
             "settings": vars(args) | {"home": str(home), "json": None}, "layer_tokens": layer_tokens,
             "phases": [{"name": p.name} | p.stats() for p in phases],
-            "stages": {p.name: p.stages for p in [one_at_a_time, *phases]}, "report": report},
+            "stages": {p.name: p.stages for p in [sequential, *phases]}, "report": report},
             indent=2, default=str))
 
 

@@ -419,3 +419,25 @@ def stage_table(metrics: ServerMetrics, before, after, operations: tuple[str, ..
     first, broadened = passes("first"), passes("broadened")
     lines.append(f"retrieval passes: {first:.0f} first, {broadened:.0f} broadened by the confidence gate")
     return lines
+
+
+async def one_at_a_time(stack: Stack, phase, caller, n: int, operations: tuple[str, ...], rpc_method: str):
+    """`n` calls back to back through `caller` (`next_request()`, `call(phase, request, since)`),
+    with the API's stage table for them in `phase.stages`."""
+    metrics = stack.metrics()
+    before = metrics.snapshot()
+    started = time.perf_counter()
+    for _ in tqdm(range(n), desc="stages", unit="call", file=sys.stderr):
+        await caller.call(phase, caller.next_request(), asyncio.get_running_loop().time())
+    phase.span = time.perf_counter() - started
+    phase.stages = stage_table(metrics, before, metrics.snapshot(), operations, rpc_method)
+    return phase
+
+
+def print_stage_tables(phases) -> None:
+    for phase in phases:
+        if phase.stages:
+            print(f"time per stage, {phase.name} ({len(phase.latencies):,} calls; client-side "
+                  f"p50 {percentile(phase.latencies, 50) * 1000:.1f} ms)")
+            print("\n".join(phase.stages))
+            print()

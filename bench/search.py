@@ -52,8 +52,9 @@ from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.inference.tokens import count_tokens
 
-from common import (LOCOMO_DIR, RETRIES, Stack, call_with_retry, drive_closed_loop, drive_open_loop,
-                    embedding_progress, load_average, load_locomo, machine, percentile, stage_table, wait_embedded, wait_quiet)
+from common import (LOCOMO_DIR, RETRIES, Stack, call_with_retry, drive_closed_loop, drive_open_loop, embedding_progress,
+                    load_average, load_locomo, machine, one_at_a_time, percentile, print_stage_tables, stage_table,
+                    wait_embedded, wait_quiet)
 
 ORG = "bench-search"
 
@@ -217,18 +218,10 @@ SEARCH_METHOD = "/upsquad.context.v1.ContextEngine/Search"
 async def stage_timings(stack: Stack, qs: list[str], n: int, args) -> Phase:
     """`n` Search calls one at a time through gRPC; each stage's time as the API measured it
     (its Prometheus histograms, context_engine/metrics.py), read before and after."""
-    metrics = stack.metrics()
     async with grpc.aio.insecure_channel(stack.address) as channel:
         s = Searcher(context_pb2_grpc.ContextEngineStub(channel), stack.token(ORG), qs[::-1], args.top_k,
                      args.min_score, args.timeout)
-        phase = Phase("one at a time", None, 0)
-        before = metrics.snapshot()
-        started = time.perf_counter()
-        for _ in tqdm(range(n), desc="stages", unit="query", file=sys.stderr):
-            await s.call(phase, s.next_request(), asyncio.get_running_loop().time())
-        phase.span = time.perf_counter() - started
-        phase.stages = stage_table(metrics, before, metrics.snapshot(), ("search",), SEARCH_METHOD)
-    return phase
+        return await one_at_a_time(stack, Phase("one at a time", None, 0), s, n, ("search",), SEARCH_METHOD)
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -313,7 +306,7 @@ def main() -> None:
         phases = asyncio.run(load_tests(stack, qs, args))
         report["load_after"] = load_average()
         wait_quiet(stack)
-        one_at_a_time = asyncio.run(stage_timings(stack, qs, args.stage_queries, args))
+        sequential = asyncio.run(stage_timings(stack, qs, args.stage_queries, args))
     finally:
         stack.stop()
         if created and not args.keep:
@@ -343,12 +336,7 @@ def main() -> None:
         outcomes.update(phase.outcomes)
     print(f"outcomes over the load phases: {dict(outcomes)}")
     print()
-    for phase in [one_at_a_time, *phases]:
-        if phase.stages:
-            print(f"time per stage, {phase.name} ({len(phase.latencies):,} calls; client-side "
-                  f"p50 {percentile(phase.latencies, 50) * 1000:.1f} ms)")
-            print("\n".join(phase.stages))
-            print()
+    print_stage_tables([sequential, *phases])
 
     if args.json:
         args.json.write_text(json.dumps({
@@ -357,7 +345,7 @@ def main() -> None:
                         "p50_ms": percentile(p.latencies, 50) * 1000, "p95_ms": percentile(p.latencies, 95) * 1000,
                         "p99_ms": percentile(p.latencies, 99) * 1000, "ok": len(p.latencies),
                         "errors": dict(p.errors), "outcomes": dict(p.outcomes)} for p in phases],
-            "stages": {p.name: p.stages for p in [one_at_a_time, *phases]}, "report": report},
+            "stages": {p.name: p.stages for p in [sequential, *phases]}, "report": report},
             indent=2, default=str))
 
 
