@@ -204,3 +204,28 @@ async def test_app_role_cannot_write_another_orgs_rows(fresh_db: str) -> None:
     finally:
         await admin.close()
         await pool.close()
+
+
+async def test_an_org_transactions_settings_end_with_it_on_a_pooled_connection(fresh_db: str) -> None:
+    """The API's pools skip asyncpg's RESET ALL on release: safe only because every setting
+    `org_transaction` makes is transaction-local. One connection, two callers in turn."""
+    await migrate(fresh_db, app_password=APP_PASSWORD)
+    pool = await create_pool(app_url(fresh_db, APP_ROLE, APP_PASSWORD), min_size=1, max_size=1)
+    try:
+        ef_search = "SELECT current_setting('hnsw.ef_search', true)"  # NULL until pgvector is loaded
+        default_ef = await pool.fetchval(ef_search)
+        async with org_transaction(pool, "org-a", readonly=True, local={"hnsw.ef_search": "77"}) as conn:
+            assert await conn.fetchval("SELECT current_setting('app.org_id')") == "org-a"
+            assert await conn.fetchval(ef_search) == "77"
+            first_pid = await conn.fetchval("SELECT pg_backend_pid()")
+        async with pool.acquire() as conn:  # the same connection, outside any org transaction
+            assert await conn.fetchval("SELECT pg_backend_pid()") == first_pid
+            assert not await conn.fetchval("SELECT current_setting('app.org_id', true)")
+            assert await conn.fetchval(ef_search) in (default_ef, "", None)  # not "77": reverted
+        async with org_transaction(pool, "org-b", readonly=True) as conn:
+            assert await conn.fetchval("SELECT current_setting('app.org_id')") == "org-b"
+        with pytest.raises(ValueError, match="not a setting name"):
+            async with org_transaction(pool, "org-a", local={"x'); DROP TABLE chunks; --": "1"}):
+                pass
+    finally:
+        await pool.close()
