@@ -188,10 +188,10 @@ def chunk_text(source_event_id: str, text: str, *, max_tokens: int = DEFAULT_MAX
     text = text.strip()
     if not text:
         return []
-    if _count(text) <= max_tokens:
-        pieces = [text]
-    else:
-        pieces = _windows(text, max_tokens, overlap_tokens)
+    whole = _count(text)
+    if whole <= max_tokens:  # the common case (a turn): counted once
+        return [Chunk(chunk_id(source_event_id, 0), source_event_id, 0, text, content_hash(text), whole)]
+    pieces = _windows(text, max_tokens, overlap_tokens)
     return [
         Chunk(chunk_id(source_event_id, i), source_event_id, i, p, content_hash(p), _count(p))
         for i, p in enumerate(pieces)
