@@ -134,11 +134,22 @@ async def replay(records: AsyncIterator[list[LogRecord]], target_admin_url: str,
             if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM event_archive)"):
                 raise RuntimeError("the target database already holds events; replay needs an empty one")
             started, count = time.monotonic(), 0
-            async for batch in records:
-                await apply_batch(conn, batch)
-                count += len(batch)
-                if progress:
-                    progress(len(batch))
+            # The vector indexes are built once at the end: inserting every replayed vector into
+            # the HNSW graph one by one is slower than building it over all of them.
+            vector_indexes = await conn.fetch(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() "
+                "AND tablename = 'chunks' AND indexdef ILIKE '%USING hnsw%'")
+            for index in vector_indexes:
+                await conn.execute(f'DROP INDEX "{index["indexname"]}"')
+            try:
+                async for batch in records:
+                    await apply_batch(conn, batch)
+                    count += len(batch)
+                    if progress:
+                        progress(len(batch))
+            finally:  # a replay cut short still leaves a schema the stack can serve from
+                for index in vector_indexes:
+                    await conn.execute(index["indexdef"])
             return ReplayReport(count, time.monotonic() - started)
     finally:
         await pool.close()

@@ -263,6 +263,10 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
                 assert expected and [tuple(r) for r in await rebuilt.fetch(sql, org)] == expected, sql
             assert await rebuilt.fetchval(
                 "SELECT count(*) FROM chunks WHERE org_id = $1 AND embedding IS NULL", org) == 0
+            # Replay builds the vector indexes after the last event: they are all there again.
+            index_defs = "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'chunks' ORDER BY 1"
+            assert [tuple(r) for r in await rebuilt.fetch(index_defs)] == [tuple(r) for r in await live.fetch(index_defs)]
+            assert "chunks_embedding_384" in {r["indexname"] for r in await rebuilt.fetch(index_defs)}
         finally:
             await live.close()
             await rebuilt.close()
