@@ -39,8 +39,8 @@ import numpy as np
 import orjson
 
 from context_engine.errors import InvalidArgument
-from context_engine.metrics import RETRIEVAL_PASSES, timed
 from context_engine.inference.embedder import Embedder
+from context_engine.metrics import RETRIEVAL_PASSES, timed
 from context_engine.projections.database import org_transaction
 from context_engine.projections.retrieval.bm25 import (
     CorpusStats,
