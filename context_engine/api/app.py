@@ -96,10 +96,10 @@ def build_api_server(settings: Settings, deps: Deps, address: str | None = None,
 async def run_api(settings: Settings, process_index: int = 0) -> None:
     async with open_deps(settings) as deps:
         server = build_api_server(settings, deps, reuse_port=settings.api_processes > 1)
-        await server.start()
         metrics = None
-        if settings.metrics_port >= 0:
+        if settings.metrics_port >= 0:  # bound before serving: a taken port fails the start, not later
             metrics = serve_metrics(settings.api_host, settings.metrics_port and settings.metrics_port + process_index)
+        await server.start()
         log.info("serving", service=SERVICE_NAME, address=f"{settings.api_host}:{server.port}",
                  process=process_index, metrics=metrics and f"http://{settings.api_host}:{metrics}/metrics")
         signal_name = await wait_for_termination_signal()
