@@ -21,11 +21,13 @@ shuffled, cycled; Search with top_k 10 and the server's default floor unless tol
     .venv/bin/python bench/search.py                                      # 100,000 chunks
     .venv/bin/python bench/search.py --chunks 5000 --open-seconds 20 --closed-seconds 5
     .venv/bin/python bench/search.py --home /tmp/ce-search-100k --keep    # load once ...
-    .venv/bin/python bench/search.py --home /tmp/ce-search-100k --keep    # ... measure again
+    .venv/bin/python bench/search.py --home /tmp/ce-search-100k --keep --api-processes 2   # ... measure again
 
 With --home the stack runs on that data directory and restarts on it next time (chunks already
 there are not ingested again); the directory is removed at the end only when this run created it
-and --keep is absent.
+and --keep is absent. Chunks are loaded in segments of --restart-every with a stack restart
+between them: the bundled broker's fetches cost more with every batch it holds
+(bench/broker_batches.py), and a restart restores its log in large batches.
 """
 
 from __future__ import annotations
