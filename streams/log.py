@@ -100,6 +100,7 @@ class EventLog:
             sender.sender_task.cancel()
         with contextlib.suppress(Exception):
             await producer.client.close()
+        producer._closed = True  # it is: sender cancelled, connections closed (no ResourceWarning at exit)
 
     async def append(self, event: Event) -> LogPosition:
         return await self._send(self.topics.events, event.to_bytes(), event.aggregate.encode())
