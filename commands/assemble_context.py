@@ -8,7 +8,6 @@ the code path Search uses, so the two report the same outcome for the same retri
 
 from __future__ import annotations
 
-import asyncio
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from context_engine import validation
 from context_engine.auth import Principal
 from context_engine.commands.deps import Deps
 from context_engine.commands.session_access import require_readable
+from context_engine.concurrency import alongside
 from context_engine.errors import DomainError, FailedPrecondition, InvalidArgument, NotFound
 from context_engine.events import COMPACTION_THRESHOLD, Event, session_aggregate
 from context_engine.hashing import merkle_root, sha256_hex
@@ -118,18 +118,12 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         await deps.freshness.wait(f"{org}/{cmd.session_id}")
     floor = deps.settings.tenant_min_score(org)
     # Retrieval runs on its own connection while the session's rows are read.
-    retrieval_task = asyncio.ensure_future(
-        _retrieve(deps, scope, cmd.task_description, floor, _retrieval_depth(cmd.token_budget)))
-    try:
+    async with alongside(_retrieve(deps, scope, cmd.task_description, floor,
+                                   _retrieval_depth(cmd.token_budget))) as retrieval_task:
         with timed("assemble", "session_read"):
             reads = await _read_session(deps, org, scope, visible, cmd, pinned_ids, required_keys)
         with timed("assemble", "retrieval_wait"):
             retrieval, failure = await retrieval_task
-    finally:
-        if not retrieval_task.done():
-            retrieval_task.cancel()
-        elif not retrieval_task.cancelled():
-            retrieval_task.exception()  # seen, so one the session read pre-empted is not logged as lost
     retrieved = [Block("retrieved", s.payload.content, key=s.chunk_id, score=s.score,
                        source=s.payload.source_event_id)
                  for s in (retrieval.result.results if retrieval else ())]

@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pgvector import Vector
 
 from context_engine.commands.deps import Deps
 from context_engine.errors import InvalidArgument
 from context_engine.hashing import sha256_hex
 from context_engine.inference.embedder import Embedder
-from context_engine.projections.chunk_projection import vector_literal
 from context_engine.projections.database import org_transaction
 
 MAX_TEXTS = 100
@@ -79,9 +79,9 @@ async def embed_texts(deps: Deps, embedder: Embedder, org_id: str, cmd: EmbedTex
         async with org_transaction(deps.pool, org_id) as conn:
             await conn.execute(
                 "INSERT INTO embedding_cache (org_id, content_hash, model_version, embedding) "
-                "SELECT $1, u.h, $2, u.v::vector::real[] FROM unnest($3::text[], $4::text[]) AS u(h, v) "
+                "SELECT $1, u.h, $2, u.v::real[] FROM unnest($3::text[], $4::vector[]) AS u(h, v) "
                 "ON CONFLICT (org_id, content_hash, model_version) DO UPDATE "
                 "SET embedding = EXCLUDED.embedding, created_at = now()",
-                org_id, model, missing, [vector_literal(fresh[h]) for h in missing])
+                org_id, model, missing, [Vector(fresh[h]) for h in missing])
     return EmbeddedTexts([fresh[h] if h in fresh else found[h] for h in hashes],
                          [h not in fresh for h in hashes], model)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +54,6 @@ def vector_to_b64(vector: np.ndarray) -> str:
 
 def vector_from_b64(text: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(text), dtype="<f4")
-
-
-def vector_literal(vector: Iterable[float]) -> str:
-    """pgvector's text form; used with an explicit ::vector cast (no codec registration)."""
-    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
 
 
 def _content_type(content: bytes, metadata: dict[str, Any]) -> str:

@@ -28,7 +28,6 @@ also filters on org_id to keep the indexes in use. Each stage's time is a Promet
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ import asyncpg
 import numpy as np
 import orjson
 
+from context_engine.concurrency import alongside
 from context_engine.errors import InvalidArgument
 from context_engine.inference.embedder import Embedder
 from context_engine.metrics import RETRIEVAL_PASSES, timed
@@ -117,17 +117,11 @@ async def search(pool: asyncpg.Pool, embedder: Embedder, scope: Scope, q: Search
     top_k = resolve_top_k(q.top_k)
     floor = resolve_min_score(q.min_score, tenant_min_score)
     # The query embedding runs on its own thread while the lexical leg's statement runs.
-    embedding = asyncio.ensure_future(_embed_query(embedder, query))
-    try:
+    async with alongside(_embed_query(embedder, query)) as embedding:
         retriever = _Retriever(pool, scope, domain, analyze(query), embedding, embedder.model_version,
                                now or dt.datetime.now(dt.UTC))
         first = Pool(vector_k=max(MIN_POOL, 2 * top_k), bm25_k=max(MIN_POOL, 2 * top_k))
         gate = await retrieve_with_gate_async(retriever.run, floor, first)
-    finally:
-        if not embedding.done():
-            embedding.cancel()
-        elif not embedding.cancelled():
-            embedding.exception()  # seen here, so a failure the search already raised is not logged as lost
     with timed("search", "classify"):
         result = classify(gate.candidates, floor, top_k)
     return SearchOutcome(result, gate.expansion_applied, embedder.model_version)

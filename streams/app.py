@@ -193,11 +193,12 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
 
     async def sweep(older_than: dt.timedelta) -> None:
         p = await pipeline()
-        page, after = await p.backlog(older_than=older_than)
-        await _embed_orgs(p, page)
-        while after is not None:  # the whole backlog, a page at a time (a restart can leave thousands)
+        after = None
+        while True:  # the whole backlog, a page at a time (a restart can leave thousands)
             page, after = await p.backlog(older_than=older_than, after=after)
             await _embed_orgs(p, page)
+            if after is None:
+                break
         s = await scanner()
         await _scan(s, await s.backlog(older_than=older_than))
 
