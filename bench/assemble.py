@@ -42,7 +42,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -53,8 +52,8 @@ from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.inference import tokens as tokens_mod
 
-from common import (ServerMetrics, Stack, drive_closed_loop, drive_open_loop, embedding_progress, load_average, machine,
-                    one_at_a_time, percentile, print_stage_tables, stage_table, wait_embedded, wait_quiet)
+from common import (Stack, add_load_options, drive_closed_loop, drive_open_loop, load_average, machine, measured,
+                    one_at_a_time, percentile, print_stage_tables, wait_for_vectors, wait_quiet)
 from search import ORG, make_corpus, present_seqs, questions
 from search import ingest as load_chunks
 
@@ -220,29 +219,20 @@ async def load_tests(stack: Stack, qs: list[str], sessions: list[str], args) -> 
         print(phases[-1].line(), file=sys.stderr, flush=True)
         await asyncio.sleep(2)
         print(f"open loop: {args.rate:g} calls/s for {args.open_seconds:g} s ...", file=sys.stderr, flush=True)
-        metrics = stack.metrics()
-        before = metrics.snapshot()
-        phases.append(await open_loop(c, args.rate, args.open_seconds))
-        phases[-1].stages = stages_of(metrics, before)
-        print(phases[-1].line(), file=sys.stderr, flush=True)
+        phases.append(await measured(stack, open_loop(c, args.rate, args.open_seconds), STAGE_OPERATIONS,
+                                     ASSEMBLE_METHOD))
         for clients in args.clients:
             await asyncio.sleep(2)
             print(f"closed loop: {clients} clients for {args.closed_seconds:g} s ...", file=sys.stderr, flush=True)
-            before = metrics.snapshot()
-            phases.append(await closed_loop(c, clients, args.closed_seconds))
-            phases[-1].stages = stages_of(metrics, before)
-            print(phases[-1].line(), file=sys.stderr, flush=True)
+            phases.append(await measured(stack, closed_loop(c, clients, args.closed_seconds), STAGE_OPERATIONS,
+                                         ASSEMBLE_METHOD))
         return phases
 
 
 # -- time per stage ------------------------------------------------------------------------------
 
 ASSEMBLE_METHOD = "/upsquad.context.v1.ContextEngine/AssembleContext"
-
-
-def stages_of(metrics: ServerMetrics, before) -> list[str]:
-    """AssembleContext's stages and those of the retrieval it runs, as the API timed them."""
-    return stage_table(metrics, before, metrics.snapshot(), ("assemble", "search"), ASSEMBLE_METHOD)
+STAGE_OPERATIONS = ("assemble", "search")  # AssembleContext's stages and those of its retrieval
 
 
 async def stage_timings(stack: Stack, qs: list[str], sessions: list[str], n: int, args) -> Phase:
@@ -251,7 +241,7 @@ async def stage_timings(stack: Stack, qs: list[str], sessions: list[str], n: int
     async with grpc.aio.insecure_channel(stack.address) as channel:
         c = Caller(context_pb2_grpc.ContextEngineStub(channel), stack.token(ORG, pillar=PILLAR, team=TEAM, agent=AGENT),
                    qs[::-1], sessions, args.budget, args.timeout, prefix)
-        return await one_at_a_time(stack, Phase("one at a time", None, 0), c, n, ("assemble", "search"),
+        return await one_at_a_time(stack, Phase("one at a time", None, 0), c, n, STAGE_OPERATIONS,
                                    ASSEMBLE_METHOD)
 
 
@@ -269,21 +259,9 @@ async def session_ids(database_url: str) -> tuple[list[str], float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chunks", type=int, default=100_000)
-    parser.add_argument("--sessions", type=int, default=1000)
-    parser.add_argument("--ingest-concurrency", type=int, default=32)
-    parser.add_argument("--home", type=pathlib.Path, default=None, help="data directory (reused when it exists)")
-    parser.add_argument("--keep", action="store_true", help="keep the data directory at the end")
+    add_load_options(parser, clients=[1, 8, 32], unit="calls")
     parser.add_argument("--budget", type=int, default=4000)
-    parser.add_argument("--rate", type=float, default=50.0, help="open loop: calls/s offered")
-    parser.add_argument("--open-seconds", type=float, default=60.0)
-    parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32],
-                        help="closed loop client counts, comma-separated")
-    parser.add_argument("--closed-seconds", type=float, default=20.0)
-    parser.add_argument("--timeout", type=float, default=30.0, help="per call, seconds")
     parser.add_argument("--stage-calls", type=int, default=300)
-    parser.add_argument("--api-processes", type=int, default=1, help="API processes sharing the port")
-    parser.add_argument("--json", type=pathlib.Path, default=None)
     args = parser.parse_args()
 
     corpus = make_corpus(args.chunks)
@@ -303,13 +281,8 @@ def main() -> None:
               f"(stack quiet after {quiet_s:.0f} s)", file=sys.stderr, flush=True)
         ingest_s = asyncio.run(load_chunks(stack, corpus, todo, args.sessions, args.ingest_concurrency)) \
             if todo else 0.0
-        embed_started = time.perf_counter()
-        bar, progress = embedding_progress(smoothing=0.05)
-
-        chunks, _ = asyncio.run(wait_embedded(database_url, [ORG], len(present) + len(todo), progress=progress,
-                                              poll=2.0))
-        bar.close()
-        embed_tail_s = time.perf_counter() - embed_started
+        chunks, embed_tail_s = wait_for_vectors(database_url, [ORG], len(present) + len(todo), poll=2.0,
+                                                smoothing=0.05)
         report["published"] = publish_layers(home, workdir)
         for line in report["published"]:
             print(line, file=sys.stderr)

@@ -317,15 +317,21 @@ async def drive_closed_loop(phase, issue: Issue, clients: int, seconds: float):
     return phase
 
 
-def embedding_progress(**bar_options) -> tuple[tqdm, Callable[[int, int], None]]:
-    """A progress bar for `wait_embedded(..., progress=...)`."""
+def wait_for_vectors(database_url: str, orgs: list[str], expected_chunks: int | None, *, poll: float = 1.0,
+                     **bar_options) -> tuple[int, float]:
+    """`wait_embedded` with a progress bar: (chunks, seconds waited)."""
     bar = tqdm(desc="embedded", unit="chunk", file=sys.stderr, **bar_options)
 
     def progress(done: int, total: int) -> None:
         bar.total = total
         bar.update(done - bar.n)
 
-    return bar, progress
+    started = time.perf_counter()
+    try:
+        chunks, _ = asyncio.run(wait_embedded(database_url, orgs, expected_chunks, progress=progress, poll=poll))
+    finally:
+        bar.close()
+    return chunks, time.perf_counter() - started
 
 
 # -- the API's own stage timings (context_engine/metrics.py) --------------------------------------
@@ -424,14 +430,14 @@ def stage_table(metrics: ServerMetrics, before, after, operations: tuple[str, ..
 async def one_at_a_time(stack: Stack, phase, caller, n: int, operations: tuple[str, ...], rpc_method: str):
     """`n` calls back to back through `caller` (`next_request()`, `call(phase, request, since)`),
     with the API's stage table for them in `phase.stages`."""
-    metrics = stack.metrics()
-    before = metrics.snapshot()
-    started = time.perf_counter()
-    for _ in tqdm(range(n), desc="stages", unit="call", file=sys.stderr):
-        await caller.call(phase, caller.next_request(), asyncio.get_running_loop().time())
-    phase.span = time.perf_counter() - started
-    phase.stages = stage_table(metrics, before, metrics.snapshot(), operations, rpc_method)
-    return phase
+    async def run():
+        started = time.perf_counter()
+        for _ in tqdm(range(n), desc="stages", unit="call", file=sys.stderr):
+            await caller.call(phase, caller.next_request(), asyncio.get_running_loop().time())
+        phase.span = time.perf_counter() - started
+        return phase
+
+    return await measured(stack, run(), operations, rpc_method)
 
 
 def print_stage_tables(phases) -> None:
@@ -441,3 +447,48 @@ def print_stage_tables(phases) -> None:
                   f"p50 {percentile(phase.latencies, 50) * 1000:.1f} ms)")
             print("\n".join(phase.stages))
             print()
+
+
+# -- command-line options the benches share --------------------------------------------------------
+
+def client_counts(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def add_load_options(parser, *, clients: list[int], unit: str) -> None:
+    """bench/search.py's and bench/assemble.py's corpus, stack and load-phase options."""
+    parser.add_argument("--chunks", type=int, default=100_000)
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--ingest-concurrency", type=int, default=32)
+    parser.add_argument("--home", type=pathlib.Path, default=None, help="data directory (reused when it exists)")
+    parser.add_argument("--keep", action="store_true", help="keep the data directory at the end")
+    parser.add_argument("--api-processes", type=int, default=1, help="API processes sharing the port")
+    parser.add_argument("--rate", type=float, default=50.0, help=f"open loop: {unit}/s offered")
+    parser.add_argument("--open-seconds", type=float, default=60.0)
+    parser.add_argument("--clients", type=client_counts, default=clients,
+                        help="closed loop client counts, comma-separated")
+    parser.add_argument("--closed-seconds", type=float, default=20.0)
+    parser.add_argument("--timeout", type=float, default=30.0, help="per call, seconds")
+    parser.add_argument("--json", type=pathlib.Path, default=None)
+
+
+def add_locomo_options(parser) -> None:
+    """bench/locomo_search.py's and bench/locomo_assembly.py's data and stack options."""
+    parser.add_argument("--limit-conversations", type=int, default=None, metavar="N",
+                        help="only the first N conversations (files in name order)")
+    parser.add_argument("--locomo-dir", type=pathlib.Path, default=LOCOMO_DIR)
+    parser.add_argument("--home", type=pathlib.Path, default=None,
+                        help="data directory for the stack (default: a scratch directory, removed at the end)")
+    parser.add_argument("--keep", action="store_true", help="do not remove the data directory")
+    parser.add_argument("--json", type=pathlib.Path, default=None, help="also write the numbers as JSON")
+
+
+async def measured(stack: Stack, run, operations: tuple[str, ...], rpc_method: str):
+    """Await a load phase (`run`), set its `stages` from the API's metrics read around it, print
+    its line."""
+    metrics = stack.metrics()
+    before = metrics.snapshot()
+    phase = await run
+    phase.stages = stage_table(metrics, before, metrics.snapshot(), operations, rpc_method)
+    print(phase.line(), file=sys.stderr, flush=True)
+    return phase

@@ -56,8 +56,8 @@ from upsquad.context.v1 import context_pb2_grpc
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections.retrieval.chunking import CHUNK_NAMESPACE
 
-from common import (LOCOMO_DIR, Conversation, Stack, call_with_retry, embedding_progress, load_average,
-                    load_locomo, machine, percentile, wait_embedded)
+from common import (Conversation, Stack, add_locomo_options, call_with_retry, load_average, load_locomo, machine,
+                    percentile, wait_for_vectors)
 from locomo_search import CATEGORIES, REFERENCE, Item, items_of, org_of
 
 MODEL = "gpt-4"
@@ -282,17 +282,11 @@ def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit-conversations", type=int, default=None, metavar="N",
-                        help="only the first N conversations (files in name order)")
+    add_locomo_options(parser)
     parser.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")], default=[1000, 2000, 4000],
                         help="token budgets, comma-separated")
-    parser.add_argument("--locomo-dir", type=pathlib.Path, default=LOCOMO_DIR)
     parser.add_argument("--min-score", type=float, default=None,
                         help="the tenant floor retrieval_min_score for the stack (default: the server's)")
-    parser.add_argument("--home", type=pathlib.Path, default=None,
-                        help="data directory for the stack (default: a scratch directory, removed at the end)")
-    parser.add_argument("--keep", action="store_true", help="do not remove the data directory")
-    parser.add_argument("--json", type=pathlib.Path, default=None, help="also write the numbers as JSON")
     args = parser.parse_args()
 
     conversations = load_locomo(args.locomo_dir, args.limit_conversations)
@@ -314,13 +308,8 @@ def main() -> None:
         stack.wait_serving()
         endpoints = stack.endpoints()
         event_ids, ingest_s = asyncio.run(ingest(stack, conversations))
-        embed_started = time.perf_counter()
-        bar, progress = embedding_progress()
-
-        chunks, _ = asyncio.run(wait_embedded(endpoints["database_url"], [org_of(c) for c in conversations],
-                                              n_turns, progress=progress))
-        bar.close()
-        embed_wait_s = time.perf_counter() - embed_started
+        chunks, embed_wait_s = wait_for_vectors(endpoints["database_url"], [org_of(c) for c in conversations],
+                                                n_turns)
         problems = asyncio.run(check_store(endpoints["database_url"], conversations, event_ids))
         for c in conversations:
             corpora[c.name].dia_of_chunk = {turn_chunk_id(event_ids[(c.name, d)]): d for d, _ in c.turns}

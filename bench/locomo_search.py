@@ -52,8 +52,8 @@ from context_engine.inference.embedder import MiniLMEmbedder
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections.retrieval.bm25 import STOP_WORDS, analyze
 
-from common import (LOCOMO_DIR, RETRIES, Conversation, Question, Stack, call_with_retry, embedding_progress, load_average,
-                    load_locomo, machine, percentile, wait_embedded)
+from common import (Conversation, Question, RETRIES, Stack, add_locomo_options, call_with_retry, load_average,
+                    load_locomo, machine, percentile, wait_for_vectors)
 
 CATEGORIES = (1, 2, 3, 4)
 KS = (5, 10, 25)
@@ -228,16 +228,10 @@ def comparison(engine: list[float], plain: dict[str, list[float]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit-conversations", type=int, default=None, metavar="N",
-                        help="only the first N conversations (files in name order)")
-    parser.add_argument("--locomo-dir", type=pathlib.Path, default=LOCOMO_DIR)
+    add_locomo_options(parser)
     parser.add_argument("--ingest-concurrency", type=int, default=16)
     parser.add_argument("--search-concurrency", type=int, default=1,
                         help="Search calls in flight (1 = latencies of an otherwise idle stack)")
-    parser.add_argument("--home", type=pathlib.Path, default=None,
-                        help="data directory for the stack (default: a scratch directory, removed at the end)")
-    parser.add_argument("--keep", action="store_true", help="do not remove the data directory")
-    parser.add_argument("--json", type=pathlib.Path, default=None, help="also write the numbers as JSON")
     args = parser.parse_args()
 
     conversations = load_locomo(args.locomo_dir, args.limit_conversations)
@@ -255,13 +249,8 @@ def main() -> None:
         stack.wait_serving()
         endpoints = stack.endpoints()
         events, ingest_s = asyncio.run(ingest(stack, conversations, args.ingest_concurrency))
-        embed_started = time.perf_counter()
-        bar, progress = embedding_progress()
-
-        chunks, _ = asyncio.run(wait_embedded(endpoints["database_url"], [org_of(c) for c in conversations],
-                                              events, progress=progress))
-        bar.close()
-        embed_wait_s = time.perf_counter() - embed_started
+        chunks, embed_wait_s = wait_for_vectors(endpoints["database_url"], [org_of(c) for c in conversations],
+                                                events)
         load_before = load_average()
         run = asyncio.run(engine_rankings(stack, items, args.search_concurrency))
         load_after = load_average()

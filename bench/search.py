@@ -54,9 +54,9 @@ from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.inference.tokens import count_tokens
 
-from common import (LOCOMO_DIR, RETRIES, Stack, call_with_retry, drive_closed_loop, drive_open_loop, embedding_progress,
-                    load_average, load_locomo, machine, one_at_a_time, percentile, print_stage_tables, stage_table,
-                    wait_embedded, wait_quiet)
+from common import (LOCOMO_DIR, RETRIES, Stack, add_load_options, call_with_retry, drive_closed_loop, drive_open_loop,
+                    load_average, load_locomo, machine, measured, one_at_a_time, percentile, print_stage_tables,
+                    wait_for_vectors, wait_quiet)
 
 ORG = "bench-search"
 
@@ -197,18 +197,13 @@ async def load_tests(stack: Stack, qs: list[str], args) -> list[Phase]:
             await s.call(warm, s.next_request(), asyncio.get_running_loop().time())
         phases = []
         print(f"open loop: {args.rate:g} q/s for {args.open_seconds:g} s ...", file=sys.stderr, flush=True)
-        metrics = stack.metrics()
-        before = metrics.snapshot()
-        phases.append(await open_loop(s, args.rate, args.open_seconds, args.arrivals))
-        phases[-1].stages = stage_table(metrics, before, metrics.snapshot(), ("search",), SEARCH_METHOD)
-        print(phases[-1].line(), file=sys.stderr, flush=True)
+        phases.append(await measured(stack, open_loop(s, args.rate, args.open_seconds, args.arrivals),
+                                     ("search",), SEARCH_METHOD))
         for clients in args.clients:
             await asyncio.sleep(2)
             print(f"closed loop: {clients} clients for {args.closed_seconds:g} s ...", file=sys.stderr, flush=True)
-            before = metrics.snapshot()
-            phases.append(await closed_loop(s, clients, args.closed_seconds))
-            phases[-1].stages = stage_table(metrics, before, metrics.snapshot(), ("search",), SEARCH_METHOD)
-            print(phases[-1].line(), file=sys.stderr, flush=True)
+            phases.append(await measured(stack, closed_loop(s, clients, args.closed_seconds), ("search",),
+                                         SEARCH_METHOD))
         return phases
 
 
@@ -230,25 +225,13 @@ async def stage_timings(stack: Stack, qs: list[str], n: int, args) -> Phase:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chunks", type=int, default=100_000)
-    parser.add_argument("--sessions", type=int, default=1000)
-    parser.add_argument("--ingest-concurrency", type=int, default=32)
-    parser.add_argument("--home", type=pathlib.Path, default=None, help="data directory (reused when it exists)")
-    parser.add_argument("--keep", action="store_true", help="keep the data directory at the end")
-    parser.add_argument("--rate", type=float, default=50.0, help="open loop: queries/s offered")
-    parser.add_argument("--open-seconds", type=float, default=60.0)
+    add_load_options(parser, clients=[1, 4, 16], unit="queries")
     parser.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson")
-    parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16],
-                        help="closed loop client counts, comma-separated")
-    parser.add_argument("--closed-seconds", type=float, default=20.0)
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--min-score", type=float, default=0.0, help="0 = the server's default floor")
-    parser.add_argument("--timeout", type=float, default=30.0, help="per Search call, seconds")
     parser.add_argument("--stage-queries", type=int, default=300)
-    parser.add_argument("--api-processes", type=int, default=1, help="API processes sharing the port")
     parser.add_argument("--restart-every", type=int, default=25_000,
                         help="restart the stack after this many ingested chunks (the bundled broker slows as it fills)")
-    parser.add_argument("--json", type=pathlib.Path, default=None)
     args = parser.parse_args()
 
     corpus = make_corpus(args.chunks)
@@ -281,12 +264,9 @@ def main() -> None:
                 database_url = stack.endpoints()["database_url"]
                 wait_quiet(stack, timeout=4 * 3600)
             ingest_s += asyncio.run(ingest(stack, corpus, segment, args.sessions, args.ingest_concurrency))
-            embed_started = time.perf_counter()
-            bar, progress = embedding_progress(smoothing=0.05)
-            chunks, _ = asyncio.run(wait_embedded(database_url, [ORG], len(present) + sum(map(len, segments[:n + 1])),
-                                                  progress=progress, poll=2.0))
-            bar.close()
-            embed_tail_s += time.perf_counter() - embed_started
+            chunks, waited = wait_for_vectors(database_url, [ORG], len(present) + sum(map(len, segments[:n + 1])),
+                                              poll=2.0, smoothing=0.05)
+            embed_tail_s += waited
         if not segments:
             chunks = embedded_before
         load_s = ingest_s + embed_tail_s
