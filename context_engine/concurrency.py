@@ -1,10 +1,13 @@
-"""Running one piece of work beside another within a call."""
+"""Running one piece of work beside another within a call, and background work below it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import threading
 from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -23,3 +26,18 @@ async def alongside(work: Awaitable[T]) -> AsyncIterator[asyncio.Future[T]]:
             task.cancel()
         elif not task.cancelled():
             task.exception()
+
+
+def background_thread(name: str, niceness: int) -> ThreadPoolExecutor:
+    """One thread for CPU-heavy background work (the worker's batch embedder), `niceness` steps
+    below the process's priority: Linux schedules threads, not processes, and keeps a nice value
+    per thread, which threads it starts (onnxruntime's intra-op pool) inherit. Foreground work on
+    the same cores (projecting the events a client waits for, PostgreSQL, the broker) then runs
+    first, and the background thread takes what is left. 0 leaves the priority alone."""
+
+    def lower_priority() -> None:
+        if niceness and hasattr(os, "setpriority"):
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=lower_priority)

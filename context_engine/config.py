@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     # Consumers' fetch wait: the bundled broker holds every fetch for the full wait even when
     # data is there, so this bounds projection latency.
     consumer_fetch_max_wait_ms: int = 5
+    # ... and once ~1 s of fetches brought nothing: empty fetches at 5 ms cost an idle stack a
+    # third of a core (streams/fetch_wait.py); the first event after a quiet spell waits longer.
+    consumer_idle_fetch_max_wait_ms: int = 50
     # A command is acknowledged once its event is archived (and projected): how long to wait.
     ack_timeout_seconds: float = 5.0
     # Read-your-writes: how long a query waits for this process's appends to be projected.
@@ -90,6 +93,10 @@ class Settings(BaseSettings):
     # and ~6.5 ms spread over two (measured, docs/benchmarks.md); under load the API's SQL and
     # Python need the other core, so 1. The worker's batch embedder uses min(2, cpus).
     query_embedder_threads: int = Field(default=1, ge=1, le=64)
+    # How far below the worker's other work its batch embedder runs (a per-thread nice increment,
+    # 0-19; 0 = same priority). Embedding is background work, ~5 ms of CPU per chunk: at equal
+    # priority it took a core from the projections that acknowledgements wait for.
+    embedding_niceness: int = Field(default=10, ge=0, le=19)
     embed_cache_ttl_days: int = 30
     embedding_batch_size: int = 64
 

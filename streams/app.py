@@ -20,8 +20,9 @@ Timeouts follow what measured well on the bundled broker (shared/ENVIRONMENT.md)
 session timeout and heartbeat make a worker ready in ~3 s after a start or a crash. The bundled
 broker holds every fetch for the consumer's full fetch wait even when data is waiting, and
 Faust hard-codes that wait at 1.5 s, so the transport below makes it configurable (default
-5 ms; measured p50 projection latency 400 ms → 2.4 ms). Topics are created by the engine with
-their partition counts before the worker starts, never implicitly by Faust.
+5 ms; measured p50 projection latency 400 ms → 2.4 ms), and lengthens it while the log is idle
+(streams/fetch_wait.py). Topics are created by the engine with their partition counts before the
+worker starts, never implicitly by Faust.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import structlog
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from upsquad.context.v1 import stream_pb2
 
+from context_engine.concurrency import background_thread
 from context_engine.config import Settings
 from context_engine.events import Event
 from context_engine.inference.embedder import embedder_from_settings
@@ -42,6 +44,7 @@ from context_engine.projections.database import create_pool
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import Applied, apply_batch
 from context_engine.streams.embedding_pipeline import EmbeddingPipeline
+from context_engine.streams.fetch_wait import AdaptiveFetchWait
 from context_engine.inference.pii_client import PiiClient
 from context_engine.projections.savings_projection import apply_samples
 from context_engine.streams.jobs import baseline_sample, open_envelope, open_pii_scan_job, scope_of
@@ -58,13 +61,22 @@ JOB_BATCH_MAX = 64
 JOB_BATCH_WITHIN_S = 0.02
 SWEEP_INTERVAL_S = 30.0
 SWEEP_MIN_AGE_S = 600.0
+IDLE_AFTER_EMPTY_FETCHES = 200  # ~1 s without records at the 5 ms wait
 
 
-def _low_latency_transport(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
+def _low_latency_transport(settings: Settings) -> type[faust_aiokafka.Transport]:
     class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport):
             consumer = super()._create_worker_consumer(transport)
-            consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read by AIOKafkaConsumer.start()
+            consumer._fetch_max_wait_ms = settings.consumer_fetch_max_wait_ms  # read by AIOKafkaConsumer.start()
+            start = consumer.start
+
+            async def start_with_adaptive_wait() -> None:
+                await start()  # creates the fetcher
+                AdaptiveFetchWait(settings.consumer_fetch_max_wait_ms, settings.consumer_idle_fetch_max_wait_ms,
+                                  IDLE_AFTER_EMPTY_FETCHES).install(consumer._fetcher)
+
+            consumer.start = start_with_adaptive_wait
             return consumer
 
     class Consumer(faust_aiokafka.Consumer):
@@ -79,10 +91,10 @@ def _low_latency_transport(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transp
 
 
 class WorkerApp(faust.App):
-    fetch_max_wait_ms = 5
+    engine_settings: Settings
 
     def _new_transport(self):
-        return _low_latency_transport(self.fetch_max_wait_ms)(self.conf.broker_consumer, self)
+        return _low_latency_transport(self.engine_settings)(self.conf.broker_consumer, self)
 
 
 def create_app(settings: Settings, bootstrap: str) -> faust.App:
@@ -100,7 +112,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         autodiscover=False,
         datadir=str(settings.home_dir / "worker"),  # not the current directory
     )
-    app.fetch_max_wait_ms = settings.consumer_fetch_max_wait_ms
+    app.engine_settings = settings
     topics = LogTopics.from_settings(settings)
     def raw_topic(name: str):
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
@@ -124,8 +136,11 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         await delivered
 
     # Loaded now, before the consumer starts: loading the model blocks for a second or more, and a
-    # blocked event loop misses the consumer's heartbeats (a 2 s session) under CPU load.
-    embedder = embedder_from_settings(settings)
+    # blocked event loop misses the consumer's heartbeats (a 2 s session) under CPU load. Loaded on
+    # the thread it runs on, below the projectors' priority, so that onnxruntime's threads inherit
+    # that priority too (docs/operations.md, "Background embedding").
+    embedding_thread = background_thread("embedder", settings.embedding_niceness)
+    embedder = embedding_thread.submit(embedder_from_settings, settings, executor=embedding_thread).result()
 
     async def pipeline() -> EmbeddingPipeline:
         if "pipeline" not in holder:

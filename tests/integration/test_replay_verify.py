@@ -14,6 +14,7 @@ from context_engine.inference.tokens import count_tokens
 from context_engine.streams.replay import compare, create_database, drop_database, read_archive, read_log, replay, verify
 from context_engine.streams.topics import LogTopics
 from tests.fixtures.engine import unique
+from tests.integration.test_retrieval import wait_embedded
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,25 @@ async def ingest_workload(engine, org: str) -> dict[str, list[str]]:
                 metadata={"n": content.decode()[-4:]}))
 
     await asyncio.gather(*(writer(s) for s in contents))
+    await settled(engine, org)
     return contents
+
+
+async def settled(engine, org: str, quiet_s: float = 0.5) -> None:
+    """Every chunk of `org` has its vector and no event has been archived for `quiet_s`: the
+    embedding pipeline runs below the projectors' priority, so its `embedding.recorded` events can
+    trail the acknowledged ones, and a replay must read a log that no longer grows."""
+    await wait_embedded(engine, org)
+    conn = await asyncpg.connect(engine.settings.database_url)
+    try:
+        count = await conn.fetchval("SELECT count(*) FROM event_archive")
+        while True:
+            await asyncio.sleep(quiet_s)
+            count, before = await conn.fetchval("SELECT count(*) FROM event_archive"), count
+            if count == before:
+                return
+    finally:
+        await conn.close()
 
 
 async def versions(url: str, org: str) -> dict[str, str]:

@@ -1,11 +1,14 @@
 """`alongside`: work started beside a block is cancelled when the block leaves early, and its
-result or failure reaches the block when awaited."""
+result or failure reaches the block when awaited; `background_thread` runs below its caller's
+priority."""
 
 import asyncio
+import os
+import threading
 
 import pytest
 
-from context_engine.concurrency import alongside
+from context_engine.concurrency import alongside, background_thread
 
 
 async def test_the_block_gets_the_result_when_it_awaits():
@@ -42,3 +45,29 @@ async def test_a_failure_of_finished_work_is_seen_even_if_the_block_never_awaite
             raise RuntimeError("block failed")
     assert task.done() and isinstance(task.exception(), ValueError)
     assert task._log_traceback is False  # asyncio will not report it as never retrieved
+
+
+def _nice(tid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def test_a_background_thread_runs_below_its_caller_and_threads_it_starts_inherit_that():
+    def priorities() -> tuple[int, int]:
+        seen = []
+        child = threading.Thread(target=lambda: seen.append(_nice(threading.get_native_id())))
+        child.start()
+        child.join()
+        return _nice(threading.get_native_id()), seen[0]
+
+    caller = _nice(threading.get_native_id())
+    with background_thread("test-background", 5) as pool:
+        own, started = pool.submit(priorities).result()
+    assert own == min(19, caller + 5)
+    assert started == own
+    assert _nice(threading.get_native_id()) == caller  # the caller's own priority is untouched
+
+
+def test_niceness_zero_leaves_the_priority_alone():
+    caller = _nice(threading.get_native_id())
+    with background_thread("test-background", 0) as pool:
+        assert pool.submit(lambda: _nice(threading.get_native_id())).result() == caller

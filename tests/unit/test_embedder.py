@@ -10,6 +10,7 @@ import re
 import socket
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -106,6 +107,22 @@ async def test_minilm_async_matches_sync_and_runs_concurrently(minilm: MiniLMEmb
     np.testing.assert_allclose(np.vstack(results), expected, atol=1e-5)
     assert (await minilm.embed([])).shape == (0, 384)
     await minilm.aclose()
+
+
+async def test_minilm_runs_its_model_on_the_executor_it_is_given(minilm: MiniLMEmbedder) -> None:
+    ran_on: list[str] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="given") as pool:
+        spy = MiniLMEmbedder(intra_op_threads=1, executor=pool)
+        checked = spy._embed_checked
+
+        def recording(texts: list[str]) -> np.ndarray:
+            ran_on.append(threading.current_thread().name)
+            return checked(texts)
+
+        spy._embed_checked = recording  # type: ignore[method-assign]
+        vectors = await spy.embed(["runs on the given thread"])
+    np.testing.assert_allclose(vectors, minilm.embed_sync(["runs on the given thread"]), atol=1e-5)
+    assert len(ran_on) == 1 and ran_on[0].startswith("given")
 
 
 def test_minilm_rejects_non_strings(minilm: MiniLMEmbedder) -> None:
