@@ -53,7 +53,7 @@ from upsquad.context.v1 import context_pb2_grpc
 from context_engine.inference import tokens as tokens_mod
 
 from common import (Stack, add_load_options, drive_closed_loop, drive_open_loop, load_average, machine, measured,
-                    one_at_a_time, percentile, print_stage_tables, wait_for_vectors, wait_quiet)
+                    one_at_a_time, percentile, print_stage_tables, spread_stub, wait_for_vectors, wait_quiet)
 from search import ORG, make_corpus, present_seqs, questions
 from search import ingest as load_chunks
 
@@ -211,8 +211,7 @@ async def closed_loop(c: Caller, clients: int, seconds: float) -> Phase:
 
 async def load_tests(stack: Stack, qs: list[str], sessions: list[str], args) -> list[Phase]:
     prefix = "\n\n".join(LAYERS[level] for level in sorted(LAYERS))
-    async with grpc.aio.insecure_channel(stack.address) as channel:
-        stub = context_pb2_grpc.ContextEngineStub(channel)
+    async with spread_stub(stack.address, args.connections) as stub:
         token = stack.token(ORG, pillar=PILLAR, team=TEAM, agent=AGENT)
         c = Caller(stub, token, qs, sessions, args.budget, args.timeout, prefix)
         phases = [await first_calls(c, 8)]
@@ -316,7 +315,8 @@ def main() -> None:
           f"{session_tokens:,.0f} cl100k tokens; bench/search.py's corpus), PostgreSQL {report.get('postgres')} + "
           f"pgvector, tansu, MiniLM-L6 int8; caller {ORG}/{PILLAR}/{TEAM}/{AGENT}; layers L1-L4 "
           f"{'/'.join(map(str, layer_tokens))} tokens; budget {args.budget}, model_id {MODEL!r}, server defaults "
-          f"(savings sampled 5 %); client in the same machine (one process, grpc.aio)")
+          f"(savings sampled 5 %); client in the same machine (one process, grpc.aio, calls spread over "
+          f"{args.connections} connections); {args.api_processes} API process(es)")
     if todo:
         print(f"load: {len(todo):,} IngestEvent calls ({args.ingest_concurrency} in flight) in {ingest_s:.0f} s; "
               f"every chunk embedded {embed_tail_s:.0f} s after the last ack")

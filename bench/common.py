@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import datetime as dt
+import itertools
 import json
 import os
 import pathlib
@@ -32,6 +33,7 @@ from collections.abc import Awaitable
 
 import grpc
 from tqdm import tqdm
+from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.auth import ensure_dev_key, mint_token
 
@@ -336,6 +338,9 @@ def wait_for_vectors(database_url: str, orgs: list[str], expected_chunks: int | 
 
 # -- the API's own stage timings (context_engine/metrics.py) --------------------------------------
 
+PER_PROCESS_CALLS = "bench_calls_per_api_process"
+
+
 class ServerMetrics:
     """The Prometheus histograms of every API process, summed: `snapshot()` before and after a
     phase, then `stages()` / `rpc()` give what the server measured in between."""
@@ -347,13 +352,20 @@ class ServerMetrics:
         from prometheus_client.parser import text_string_to_metric_families
 
         values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = collections.Counter()
-        for port in self.ports:
+        for index, port in enumerate(self.ports):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
                 text = reply.read().decode()
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
                     values[(sample.name, tuple(sorted(sample.labels.items())))] += sample.value
+                    if sample.name == "context_engine_rpc_seconds_count":  # and per process
+                        values[(PER_PROCESS_CALLS, (("method", sample.labels["method"]), ("process", str(index))))] \
+                            += sample.value
         return values
+
+    def calls_per_process(self, before, after, method: str) -> list[float]:
+        return [after.get(key := (PER_PROCESS_CALLS, (("method", method), ("process", str(i)))), 0.0)
+                - before.get(key, 0.0) for i in range(len(self.ports))]
 
     @staticmethod
     def histograms(before, after, metric: str, **match: str) -> dict[tuple[tuple[str, str], ...], "Histogram"]:
@@ -424,6 +436,9 @@ def stage_table(metrics: ServerMetrics, before, after, operations: tuple[str, ..
 
     first, broadened = passes("first"), passes("broadened")
     lines.append(f"retrieval passes: {first:.0f} first, {broadened:.0f} broadened by the confidence gate")
+    if len(metrics.ports) > 1:
+        calls = metrics.calls_per_process(before, after, rpc_method)
+        lines.append("calls per API process: " + " / ".join(f"{c:.0f}" for c in calls))
     return lines
 
 
@@ -463,6 +478,8 @@ def add_load_options(parser, *, clients: list[int], unit: str) -> None:
     parser.add_argument("--home", type=pathlib.Path, default=None, help="data directory (reused when it exists)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory at the end")
     parser.add_argument("--api-processes", type=int, default=1, help="API processes sharing the port")
+    parser.add_argument("--connections", type=int, default=8,
+                        help="client connections the calls are spread over (one lands on one API process)")
     parser.add_argument("--rate", type=float, default=50.0, help=f"open loop: {unit}/s offered")
     parser.add_argument("--open-seconds", type=float, default=60.0)
     parser.add_argument("--clients", type=client_counts, default=clients,
@@ -481,6 +498,31 @@ def add_locomo_options(parser) -> None:
                         help="data directory for the stack (default: a scratch directory, removed at the end)")
     parser.add_argument("--keep", action="store_true", help="do not remove the data directory")
     parser.add_argument("--json", type=pathlib.Path, default=None, help="also write the numbers as JSON")
+
+
+class SpreadStub:
+    """A ContextEngine stub over several connections, each call on the next one. The API
+    processes share their port through SO_REUSEPORT, which balances connections, not calls: one
+    HTTP/2 connection lands on one process, as one agent's would. A fleet of agents holds many
+    connections; so does the load generator (--connections)."""
+
+    def __init__(self, channels: list[grpc.aio.Channel]) -> None:
+        self._stubs = itertools.cycle([context_pb2_grpc.ContextEngineStub(c) for c in channels])
+
+    def __getattr__(self, method: str):
+        return getattr(next(self._stubs), method)
+
+
+@contextlib.asynccontextmanager
+async def spread_stub(address: str, connections: int):
+    # A local subchannel pool: otherwise channels to one address share one TCP connection.
+    channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(max(1, connections))]
+    try:
+        yield SpreadStub(channels)
+    finally:
+        for channel in channels:
+            await channel.close()
 
 
 async def measured(stack: Stack, run, operations: tuple[str, ...], rpc_method: str):

@@ -56,7 +56,7 @@ from context_engine.inference.tokens import count_tokens
 
 from common import (LOCOMO_DIR, RETRIES, Stack, add_load_options, call_with_retry, drive_closed_loop, drive_open_loop,
                     load_average, load_locomo, machine, measured, one_at_a_time, percentile, print_stage_tables,
-                    wait_for_vectors, wait_quiet)
+                    spread_stub, wait_for_vectors, wait_quiet)
 
 ORG = "bench-search"
 
@@ -189,8 +189,7 @@ async def closed_loop(s: Searcher, clients: int, seconds: float) -> Phase:
 
 
 async def load_tests(stack: Stack, qs: list[str], args) -> list[Phase]:
-    async with grpc.aio.insecure_channel(stack.address) as channel:
-        stub = context_pb2_grpc.ContextEngineStub(channel)
+    async with spread_stub(stack.address, args.connections) as stub:
         s = Searcher(stub, stack.token(ORG), qs, args.top_k, args.min_score, args.timeout)
         warm = Phase("warm-up", None, 0)
         for _ in range(20):
@@ -309,7 +308,8 @@ def main() -> None:
               f"{(chunks - embedded_before) / load_s:,.0f} chunks/s end to end); "
               f"IngestEvent retries {dict(RETRIES) or 'none'}")
     print(f"Search: top_k {args.top_k}, min_score {args.min_score or 'server default'}, queries = the "
-          f"{len(qs):,} LoCoMo questions shuffled; client in the same machine (one process, grpc.aio)")
+          f"{len(qs):,} LoCoMo questions shuffled; client in the same machine (one process, grpc.aio, calls "
+          f"spread over {args.connections} connections); {args.api_processes} API process(es)")
     print()
     for phase in phases:
         print(phase.line())
