@@ -40,6 +40,11 @@ class Settings(BaseSettings):
 
     # Ports of the embedded PostgreSQL and broker (0 = pick a free port at start).
     embedded_postgres_port: int = 0
+    # The embedded server's buffer cache. PostgreSQL's default, 128 MB, holds an eighth of what a
+    # 100,000-chunk org's queries touch (~730 MB of HNSW graph, chunk rows and postings): every
+    # query then copied its pages in from the OS cache again (docs/benchmarks.md). 0 = a quarter
+    # of the machine's memory, at most 1 GB.
+    embedded_postgres_shared_buffers_mb: int = Field(default=0, ge=0)
     embedded_kafka_port: int = 0
 
     # The log. One domain-event topic keyed by aggregate, one topic per job stream.

@@ -91,9 +91,11 @@ class Stack:
 
         database_url = self.settings.database_url
         if database_url is None:
-            from context_engine.embedded.postgres import EmbeddedPostgres
+            from context_engine.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb
 
-            self.postgres = EmbeddedPostgres(self.home / "postgres", self.settings.embedded_postgres_port)
+            buffers = self.settings.embedded_postgres_shared_buffers_mb or default_shared_buffers_mb()
+            self.postgres = EmbeddedPostgres(self.home / "postgres", self.settings.embedded_postgres_port,
+                                             settings={"shared_buffers": f"{buffers}MB"})
             self.postgres.start()
             database_url = self.postgres.ensure_database(DATABASE_NAME)
             self.say(f"PostgreSQL (embedded, pid {self.postgres.pid}) at {_redact(database_url)}")

@@ -165,7 +165,9 @@ def _candidates(dims: int) -> str:
     """The vector leg (cosine over the HNSW index of the running embedder's dimension, top `$6`,
     same visibility; pgvector's iterative scan keeps filtering from starving it), its union with
     the lexical leg's `$7`, and for each candidate its row, its cosine and its postings of the
-    query terms: one round trip."""
+    query terms: one round trip. The postings come from one scan of the primary key for all
+    candidates at once: a lateral subquery per candidate cost 4.6 of this statement's 7.2 ms at
+    Search's pools of 50 and 27 of 39 ms at assembly's 400 (docs/benchmarks.md)."""
     return f"""
 WITH vector_leg AS (
     SELECT chunk_id FROM chunks
@@ -182,10 +184,11 @@ SELECT c.chunk_id, c.content, c.source_kind, c.source_event_id, c.session_id, c.
             THEN 1 - (c.embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine,
        t.terms, t.tfs, t.doc_length
 FROM ids JOIN chunks c ON c.org_id = $1 AND c.chunk_id = ids.chunk_id
-LEFT JOIN LATERAL (
-    SELECT array_agg(term) AS terms, array_agg(tf) AS tfs, max(doc_length) AS doc_length FROM chunk_terms
-    WHERE org_id = $1 AND chunk_id = c.chunk_id AND term = ANY($8::text[])
-) AS t ON true
+LEFT JOIN (
+    SELECT chunk_id, array_agg(term) AS terms, array_agg(tf) AS tfs, max(doc_length) AS doc_length FROM chunk_terms
+    WHERE org_id = $1 AND term = ANY($8::text[]) AND chunk_id = ANY(ARRAY(SELECT chunk_id FROM ids))
+    GROUP BY chunk_id
+) AS t ON t.chunk_id = c.chunk_id
 """
 
 

@@ -104,6 +104,15 @@ def _make_traversable(path: Path) -> None:
             parent.chmod(mode | stat.S_IXOTH)
 
 
+def default_shared_buffers_mb() -> int:
+    """A quarter of the machine's memory, at most 1 GB, at least PostgreSQL's own 128 MB."""
+    try:
+        memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    except (ValueError, OSError, AttributeError):
+        return 128
+    return max(128, min(1024, memory_mb // 4))
+
+
 class EmbeddedPostgres:
     """One PostgreSQL server over `data_dir`, a foreground child listening on 127.0.0.1:port
     (and a unix socket in data_dir when the path is short enough). Data persists across
