@@ -302,9 +302,13 @@ async def _baseline(deps: Deps, org, visible, layers, count, session_tokens: int
     """The naive prompt's tokens: every layer, the whole session history, every other chunk the
     caller could retrieve, unoptimised. History and corpus use the counts stored at ingest (cl100k)."""
     async with org_transaction(deps.pool, org, readonly=True) as conn:
+        # The visible corpus's tokens (kept by the projector), less the session's own chunks:
+        # its history is counted already.
         corpus = await conn.fetchval(
-            "SELECT coalesce(sum(token_count), 0) FROM chunks WHERE org_id = $1 AND searchable "
-            "AND scope_path = ANY($2::text[]) AND session_id IS DISTINCT FROM $3",  # history counts those
+            "SELECT (SELECT coalesce(sum(token_total), 0) FROM corpus_stats "
+            "        WHERE org_id = $1 AND scope_path = ANY($2::text[])) "
+            "     - (SELECT coalesce(sum(token_count), 0) FROM chunks "
+            "        WHERE org_id = $1 AND session_id = $3 AND searchable AND scope_path = ANY($2::text[]))",
             org, visible, cmd.session_id)
     naive = sum(count(b.text) for b in layers) + int(session_tokens) + int(corpus)
     naive = max(naive, packed.tokens)

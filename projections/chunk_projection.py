@@ -16,8 +16,8 @@ chunks appear atomically with the event that produced them and replay rebuilds t
 
 Chunking follows `retrieval.chunking` (a conversation turn stays one chunk unless it is longer
 than 256 cl100k tokens); the chunk's domain is the source's `metadata["domain"]` ("" = none).
-`corpus_stats` holds N and the total document length of searchable chunks per (scope, domain),
-maintained by deltas whenever a chunk enters or leaves the searchable set.
+`corpus_stats` holds N, the total document length and the total tokens of searchable chunks per
+(scope, domain), maintained by deltas whenever a chunk enters or leaves the searchable set.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def _content_type(content: bytes, metadata: dict[str, Any]) -> str:
 class _PendingChunks:
     chunks: list[tuple] = field(default_factory=list)
     terms: list[tuple] = field(default_factory=list)
-    stats: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    # (scope, domain) -> [N, total length, total tokens] of the searchable chunks added
+    stats: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
     term_df: dict[tuple[str, str, str], int] = field(default_factory=lambda: defaultdict(int))
 
     def __bool__(self) -> bool:
@@ -110,6 +111,7 @@ class ChunkProjection:
                 stat = self.pending.stats[(scope_path, domain)]
                 stat[0] += 1
                 stat[1] += doc.length
+                stat[2] += c.token_count
         if ids:
             self.new_chunks.setdefault(added_by or event_id, []).extend(ids)
 
@@ -134,7 +136,7 @@ class ChunkProjection:
             "SELECT $1, u.* FROM unnest($2::text[], $3::uuid[], $4::int[], $5::int[], "
             "  $6::text[], $7::text[], $8::bool[], $9::real[]) AS u ON CONFLICT DO NOTHING",
             self.org_id, *[list(c) for c in tcols])
-        await self._add_stats([(s, d, n, total) for (s, d), (n, total) in pending.stats.items()])
+        await self._add_stats([(s, d, *totals) for (s, d), totals in pending.stats.items()])
         await self._add_term_stats([(s, d, t, n) for (s, d, t), n in pending.term_df.items()])
         await self.conn.execute(
             "UPDATE chunks c SET embedding = v.embedding, embedding_model = v.model_version "
@@ -172,7 +174,7 @@ class ChunkProjection:
             "FROM unnest($2::uuid[], $3::bool[]) AS u(event_id, active), before b "
             "WHERE c.org_id = $1 AND c.source_event_id = u.event_id AND b.chunk_id = c.chunk_id "
             "  AND c.active IS DISTINCT FROM u.active "
-            "RETURNING c.chunk_id, c.scope_path, c.domain, c.term_count, b.was, c.searchable",
+            "RETURNING c.chunk_id, c.scope_path, c.domain, c.term_count, c.token_count, b.was, c.searchable",
             self.org_id, ids, flags)
         await self._searchable_changed(rows)
 
@@ -181,20 +183,14 @@ class ChunkProjection:
         await self.flush()
         gone = await self.conn.fetch(
             "DELETE FROM chunks WHERE org_id = $1 AND source_event_id = $2 "
-            "RETURNING chunk_id, scope_path, domain, term_count, searchable",
+            "RETURNING chunk_id, scope_path, domain, term_count, token_count, searchable",
             self.org_id, event_id)
         if not gone:
             return
         await self._term_stats_follow([(r["chunk_id"], -1) for r in gone if r["searchable"]])
         await self.conn.execute("DELETE FROM chunk_terms WHERE org_id = $1 AND chunk_id = ANY($2::uuid[])",
                                 self.org_id, [r["chunk_id"] for r in gone])
-        deltas: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-        for r in gone:
-            if r["searchable"]:
-                d = deltas[(r["scope_path"], r["domain"])]
-                d[0] -= 1
-                d[1] -= r["term_count"]
-        await self._add_stats([(s, d, n, total) for (s, d), (n, total) in deltas.items()])
+        await self._add_stats(_stat_deltas([(r, -1) for r in gone if r["searchable"]]))
 
     async def _searchable_changed(self, rows: Sequence[asyncpg.Record]) -> None:
         moved = [r for r in rows if r["was"] != r["searchable"]]
@@ -206,13 +202,7 @@ class ChunkProjection:
             "WHERE t.org_id = $1 AND t.chunk_id = u.chunk_id",
             self.org_id, [r["chunk_id"] for r in moved], [r["searchable"] for r in moved])
         await self._term_stats_follow([(r["chunk_id"], 1 if r["searchable"] else -1) for r in moved])
-        deltas: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-        for r in moved:
-            sign = 1 if r["searchable"] else -1
-            d = deltas[(r["scope_path"], r["domain"])]
-            d[0] += sign
-            d[1] += sign * r["term_count"]
-        await self._add_stats([(s, d, n, total) for (s, d), (n, total) in deltas.items()])
+        await self._add_stats(_stat_deltas([(r, 1 if r["searchable"] else -1) for r in moved]))
 
     async def _term_stats_follow(self, signed_chunks: list[tuple[Any, int]]) -> None:
         """Chunks entering (+1) or leaving (-1) the searchable set: their terms' df follow."""
@@ -235,17 +225,19 @@ class ChunkProjection:
             "ON CONFLICT (org_id, term, scope_path, domain) DO UPDATE SET df = term_stats.df + EXCLUDED.df",
             self.org_id, scopes, domains, terms, deltas)
 
-    async def _add_stats(self, rows: list[tuple[str, str, int, int]]) -> None:
+    async def _add_stats(self, rows: list[tuple[str, str, int, int, int]]) -> None:
+        """Add (scope, domain, N, total length, total tokens) deltas to corpus_stats."""
         if not rows:
             return
-        scopes, domains, ns, totals = (list(c) for c in zip(*rows))
+        scopes, domains, ns, lengths, tokens = (list(c) for c in zip(*rows))
         await self.conn.execute(
-            "INSERT INTO corpus_stats (org_id, scope_path, domain, n_docs, total_length) "
-            "SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS u "
+            "INSERT INTO corpus_stats (org_id, scope_path, domain, n_docs, total_length, token_total) "
+            "SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[]) AS u "
             "ON CONFLICT (org_id, scope_path, domain) DO UPDATE "
             "SET n_docs = corpus_stats.n_docs + EXCLUDED.n_docs, "
-            "    total_length = corpus_stats.total_length + EXCLUDED.total_length",
-            self.org_id, scopes, domains, ns, totals)
+            "    total_length = corpus_stats.total_length + EXCLUDED.total_length, "
+            "    token_total = corpus_stats.token_total + EXCLUDED.token_total",
+            self.org_id, scopes, domains, ns, lengths, tokens)
 
     async def record_vectors(self, *, event_id: str, model_version: str,
                              vectors: Sequence[dict[str, str]], recorded_at: dt.datetime) -> None:
@@ -268,3 +260,15 @@ class ChunkProjection:
             "FROM unnest($3::text[], $4::vector[]) AS u(h, v) "
             "WHERE c.org_id = $1 AND c.content_hash = u.h",
             self.org_id, model_version, hashes, arrays)
+
+
+def _stat_deltas(signed_rows: Sequence[tuple[Any, int]]) -> list[tuple[str, str, int, int, int]]:
+    """Chunks (rows with scope_path, domain, term_count, token_count) entering (+1) or leaving
+    (-1) the searchable set -> corpus_stats deltas per (scope, domain)."""
+    deltas: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for r, sign in signed_rows:
+        d = deltas[(r["scope_path"], r["domain"])]
+        d[0] += sign
+        d[1] += sign * r["term_count"]
+        d[2] += sign * r["token_count"]
+    return [(s, d, *totals) for (s, d), totals in deltas.items()]

@@ -171,6 +171,15 @@ async def test_savings_are_sampled_and_aggregated(engine):
     reply = await assemble(caller, session="s", task="line 3", budget=300)
     assert reply.baseline_tokens > reply.assembled_tokens > 0
     assert reply.savings_ratio == pytest.approx((reply.baseline_tokens - reply.assembled_tokens) / reply.baseline_tokens)
+    # The naive prompt counts every visible chunk once: a turn of another session adds its tokens
+    # to the corpus part, a turn of the caller's own session to the history part only.
+    elsewhere, here = "user: a line of another session" + " more words" * 10, "user: one more line here"
+    await ingest(caller, "other", [elsewhere])
+    after_elsewhere = await assemble(caller, session="s", task="line 3", budget=300)
+    assert after_elsewhere.baseline_tokens == reply.baseline_tokens + count_tokens(elsewhere)
+    await ingest(caller, "s", [here])
+    after_here = await assemble(caller, session="s", task="line 3", budget=300)
+    assert after_here.baseline_tokens == after_elsewhere.baseline_tokens + count_tokens(here)
     conn = await asyncpg.connect(engine.settings.database_url)
     try:
         deadline = time.monotonic() + 30

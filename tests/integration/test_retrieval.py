@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from upsquad.context.v1 import context_pb2 as pb
 
+from context_engine.inference.tokens import count_tokens
 from context_engine.projections.retrieval.bm25 import analyze
 from context_engine.streams.replay import create_database, drop_database, read_log, replay
 from context_engine.streams.topics import LogTopics
@@ -254,7 +255,7 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
             "FROM chunks WHERE org_id = $1 ORDER BY chunk_id",
             "SELECT term, chunk_id, tf, impact FROM chunk_terms WHERE org_id = $1 ORDER BY term, chunk_id",
             "SELECT scope_path, domain, term, df FROM term_stats WHERE org_id = $1 ORDER BY 1, 2, 3",
-            "SELECT scope_path, domain, n_docs, total_length FROM corpus_stats WHERE org_id = $1 ORDER BY 1, 2",
+            "SELECT scope_path, domain, n_docs, total_length, token_total FROM corpus_stats WHERE org_id = $1 ORDER BY 1, 2",
         ]
         live, rebuilt = await asyncpg.connect(settings.database_url), await asyncpg.connect(target)
         try:
@@ -288,11 +289,15 @@ async def test_term_statistics_follow_rollbacks(engine):
             "SELECT term, sum(df) AS df FROM term_stats WHERE org_id = $1 GROUP BY term HAVING sum(df) > 0", org)}
         counted = {r["term"]: r["n"] for r in await conn.fetch(
             "SELECT term, count(*) AS n FROM chunk_terms WHERE org_id = $1 AND searchable GROUP BY term", org)}
-        n_docs = await conn.fetchval("SELECT sum(n_docs) FROM corpus_stats WHERE org_id = $1", org)
+        n_docs, tokens = await conn.fetchrow(
+            "SELECT sum(n_docs), sum(token_total) FROM corpus_stats WHERE org_id = $1", org)
+        counted_tokens = await conn.fetchval(
+            "SELECT sum(token_count) FROM chunks WHERE org_id = $1 AND searchable", org)
     finally:
         await conn.close()
     assert kept == counted == {"apples": 2, "pears": 1, "again": 1}
     assert n_docs == 2
+    assert tokens == counted_tokens == count_tokens("apples and pears") + count_tokens("apples again")
 
 
 async def test_the_backlog_sweep_pages_through_every_unembedded_chunk_once(engine):
