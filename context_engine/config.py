@@ -99,8 +99,8 @@ class Settings(BaseSettings):
     # Python need the other core, so 1. The worker's batch embedder uses min(2, cpus).
     query_embedder_threads: int = Field(default=1, ge=1, le=64)
     # How far below the worker's other work its batch embedder runs (a per-thread nice increment,
-    # 0-19; 0 = same priority). Embedding is background work, ~5 ms of CPU per chunk: at equal
-    # priority it took a core from the projections that acknowledgements wait for.
+    # 0-19; 0 = same priority). Embedding is background work, ~5 ms of CPU per chunk, that took a
+    # core beside the projections under an ingest burst (docs/operations.md).
     embedding_niceness: int = Field(default=10, ge=0, le=19)
     embed_cache_ttl_days: int = 30
     embedding_batch_size: int = 64
