@@ -129,7 +129,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
                  for s in (retrieval.result.results if retrieval else ())]
 
     def count(text: str) -> int:
-        return tokens.count_tokens(text, cmd.model_id)
+        return tokens.count_tokens_remembered(text, cmd.model_id)
 
     with timed("assemble", "packing"):
         packed = pack(layers=reads.layers, pinned=reads.pinned, required=reads.required, retrieved=retrieved,

@@ -46,6 +46,7 @@ __all__ = [
     "O200K_BASE",
     "SUPPORTED_ENCODINGS",
     "count_tokens",
+    "count_tokens_remembered",
     "decode",
     "encode",
     "encoding_name_for_model",
@@ -310,6 +311,26 @@ def count_tokens(text: str, model_id: str = "") -> int:
     if not text:
         return 0
     return len(_encoding_for_model(model_id).encode_ordinary(text))
+
+
+# Texts up to this length are remembered by count_tokens_remembered; longer ones (whole prompts)
+# are nearly always new and would only push the short ones out.
+REMEMBERED_MAX_CHARS = 4096
+REMEMBERED_ENTRIES = 100_000  # ~40 MB at chat-turn lengths
+
+
+def count_tokens_remembered(text: str, model_id: str = "") -> int:
+    """:func:`count_tokens`, remembering the counts of short texts (per encoding, least recently
+    used out first). AssembleContext counts the same session turns and corpus chunks on call
+    after call: counting was a quarter of its CPU at 100,000 chunks (docs/benchmarks.md)."""
+    if len(text) > REMEMBERED_MAX_CHARS:
+        return count_tokens(text, model_id)
+    return _remembered_count(encoding_name_for_model(model_id), text)
+
+
+@functools.lru_cache(maxsize=REMEMBERED_ENTRIES)
+def _remembered_count(encoding: str, text: str) -> int:
+    return len(get_encoding(encoding).encode_ordinary(text)) if text else 0
 
 
 def truncate_to_tokens(text: str, max_tokens: int, model_id: str = "") -> str:

@@ -232,3 +232,22 @@ def test_operator_cache_dir_without_files_is_filled(tmp_path: pathlib.Path) -> N
     assert out["counts"] == [7, 7]
     assert out["cache"] == str(operator)
     _assert_holds_files(operator)
+
+
+def test_remembered_counts_equal_fresh_counts_and_are_remembered_per_encoding():
+    remembered, count_tokens, cache = tokens.count_tokens_remembered, tokens.count_tokens, tokens._remembered_count
+    text = "user: did Caroline go to the LGBTQ support group on 7 May 2023?"
+    for model in ("gpt-4", "gpt-4o", ""):
+        assert remembered(text, model) == count_tokens(text, model)
+    hits = cache.cache_info().hits
+    assert remembered(text, "gpt-4") == count_tokens(text, "gpt-4")
+    assert cache.cache_info().hits == hits + 1
+    # o200k and cl100k count this differently: the encoding is part of what is remembered
+    emoji = "naïve 🙂 façade " * 5
+    assert remembered(emoji, "gpt-4o") == count_tokens(emoji, "gpt-4o")
+    assert remembered(emoji, "gpt-4") == count_tokens(emoji, "gpt-4")
+    long_text = "word " * (tokens.REMEMBERED_MAX_CHARS // 5 + 1)  # longer texts are counted, not kept
+    size = cache.cache_info().currsize
+    assert remembered(long_text, "gpt-4") == count_tokens(long_text, "gpt-4")
+    assert cache.cache_info().currsize == size
+    assert remembered("", "gpt-4") == 0
