@@ -52,10 +52,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
 
-import numpy as np
 
 __all__ = [
-    "bm25_of_postings",
     "B",
     "K1",
     "STOP_WORDS",
@@ -213,27 +211,6 @@ def bm25_scores(query_terms: Sequence[str], docs_terms: Sequence[DocLike], stats
     """BM25 of each document, in input order."""
     q = list(query_terms)
     return [bm25_score(q, d, stats, k1=k1, b=b) for d in docs_terms]
-
-
-def bm25_of_postings(query_terms: Sequence[str], stats: CorpusStats, doc: Sequence[int], term: Sequence[str],
-                     tf: Sequence[int], length: Sequence[int], n_docs: int,
-                     *, k1: float = K1, b: float = B) -> tuple[np.ndarray, np.ndarray]:
-    """BM25 of many documents at once from their postings of the query terms: posting i says
-    document `doc[i]` (0 .. n_docs-1) holds `term[i]` `tf[i]` times and has `length[i]` terms.
-    Returns (score per document, distinct query terms held per document). The same formula as
-    :func:`bm25_score`, vectorised (sums may differ from it in the last bits)."""
-    weight = {t: stats.idf(t) * n for t, n in Counter(query_terms).items()}
-    w = np.fromiter((weight.get(t, 0.0) for t in term), dtype=np.float64, count=len(term))
-    tf_ = np.asarray(tf, dtype=np.float64)
-    if stats.avgdl > 0:
-        norm = 1.0 - b + b * np.asarray(length, dtype=np.float64) / stats.avgdl
-    else:
-        norm = np.ones_like(tf_)
-    contribution = np.where(tf_ > 0, w * tf_ * (k1 + 1.0) / (tf_ + k1 * norm), 0.0)
-    index = np.asarray(doc, dtype=np.int64)
-    scores = np.bincount(index, weights=contribution, minlength=n_docs)
-    held = np.bincount(index, weights=(tf_ > 0) & (w > 0), minlength=n_docs).astype(np.int64)
-    return scores, held
 
 
 def minimum_should_match(n_distinct_terms: int, fraction: float) -> int:

@@ -16,6 +16,9 @@ from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections.retrieval.bm25 import analyze
+from context_engine.projections.retrieval.confidence_gate import Pool
+from context_engine.projections.search import _Retriever
+from context_engine.scope import Scope
 from context_engine.streams.replay import create_database, drop_database, read_log, replay
 from context_engine.streams.topics import LogTopics
 from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
@@ -203,6 +206,22 @@ async def test_bm25_equals_the_reference_over_the_visible_corpus(engine):
     for content, score in got.items():
         assert score == pytest.approx(expected[content], abs=1e-5), content
     assert {d for d, s in expected.items() if s > 0} <= set(got)
+
+    # The lexical leg ranks in PostgreSQL: the reference's order over the visible corpus (ties by
+    # chunk id), keeping chunks that hold at least half the distinct query terms (2 of 3).
+    retriever = _Retriever(None, Scope(org, "p", "t"), "", analyze(query), None, "", None)
+    conn = await asyncpg.connect(engine.settings.database_url)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
+            _stats, ranked = await retriever._lexical_leg(conn, Pool(bm25_k=50))
+            content = dict(await conn.fetch("SELECT chunk_id, content FROM chunks WHERE chunk_id = ANY($1::uuid[])",
+                                            ranked))
+    finally:
+        await conn.close()
+    terms = set(analyze(query))
+    held = {d: len(terms & set(analyze(d))) for d in docs}
+    assert [content[c] for c in ranked] == sorted((d for d in docs if held[d] >= 2), key=lambda d: -expected[d])
 
 
 async def test_embed_limits_and_model_assertion(engine):

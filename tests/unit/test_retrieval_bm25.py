@@ -5,12 +5,10 @@ from __future__ import annotations
 import math
 import random
 
-import numpy as np
 import pytest
 
 from context_engine.projections.retrieval import bm25
 from context_engine.projections.retrieval.bm25 import (
-    bm25_of_postings,
     CorpusStats, DocumentTerms, analyze, bm25_score, bm25_scores, term_frequencies)
 from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
 
@@ -137,17 +135,3 @@ def test_minimum_should_match():
     assert not bm25.matches_minimum(["a", "b", "c", "d"], doc, 3)
 
 
-def test_bm25_of_postings_equals_bm25_score_document_by_document():
-    """The vectorised form the lexical leg uses: same scores as bm25_score (to float rounding),
-    and the count of distinct query terms each document holds; a repeated query term counts
-    twice, a term absent from the corpus nothing."""
-    rng = random.Random(1)
-    vocab = [f"w{i}" for i in range(30)]
-    docs = [DocumentTerms.from_terms(rng.choice(vocab) for _ in range(rng.randint(0, 20))) for _ in range(200)]
-    stats = CorpusStats.from_documents(docs)
-    query = ["w1", "w2", "w2", "w5", "absent"]
-    postings = [(i, t, d.tf[t], d.length) for i, d in enumerate(docs) for t in sorted(set(query)) if d.tf.get(t)]
-    doc, term, tf, length = (list(x) for x in zip(*postings))
-    scores, held = bm25_of_postings(query, stats, doc, term, tf, length, len(docs))
-    assert np.allclose(scores, [bm25_score(query, d, stats) for d in docs], rtol=0, atol=1e-12)
-    assert held.tolist() == [sum(1 for t in set(query) if d.tf.get(t)) for d in docs]
