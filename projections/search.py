@@ -222,7 +222,8 @@ class _Retriever:
         self.scopes = [s.path for s in scope.ancestors()]
         self.domain = domain
         self.terms = terms
-        self.distinct_terms = list(Counter(terms))
+        self.term_counts = Counter(terms)  # each distinct term (first-seen order) and its count in the query
+        self.distinct_terms = list(self.term_counts)
         self.vector = vector
         self.model_version = model_version
         self.now = now
@@ -261,12 +262,11 @@ class _Retriever:
         if not self.terms:
             return CorpusStats(0, 0.0), []
         per_term = max(POSTINGS_PER_TERM, 2 * p.bm25_k) * (BROADEN_POSTINGS if p.expanded else 1)
-        times = Counter(self.terms)
         # Terms the visible corpus does not hold at all cannot be required of a candidate: the
         # statement caps this at the number of query terms it holds.
         required = max(1, minimum_should_match(len(self.distinct_terms), p.bm25_min_match_fraction))
         row = await conn.fetchrow(_LEXICAL, self.org_id, self.distinct_terms, self.scopes, self.domain, per_term,
-                                  [times[t] for t in self.distinct_terms], required, p.bm25_k)
+                                  list(self.term_counts.values()), required, p.bm25_k)
         stats = CorpusStats.from_totals(row["n"], row["total"], dict(zip(row["df_terms"] or (), row["df_values"] or ())))
         return stats, list(row["ranked"] or ())
 

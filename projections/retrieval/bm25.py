@@ -52,7 +52,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
 
-
 __all__ = [
     "B",
     "K1",
