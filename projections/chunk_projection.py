@@ -17,7 +17,11 @@ chunks appear atomically with the event that produced them and replay rebuilds t
 Chunking follows `retrieval.chunking` (a conversation turn stays one chunk unless it is longer
 than 256 cl100k tokens); the chunk's domain is the source's `metadata["domain"]` ("" = none).
 `corpus_stats` holds N, the total document length and the total tokens of searchable chunks per
-(scope, domain), maintained by deltas whenever a chunk enters or leaves the searchable set.
+(scope, domain), maintained by deltas whenever a chunk enters or leaves the searchable set;
+`term_stats` holds df per (scope, domain, term) the same way. Both are aggregates of the
+searchable chunks and postings, and a row exists only while its count is above zero, so a
+recount (`recount_statistics`) gives exactly the rows the deltas give. A bulk load (replay into
+an empty database) skips the deltas and recounts once at the end.
 """
 
 from __future__ import annotations
@@ -76,12 +80,26 @@ class _PendingChunks:
         return bool(self.chunks)
 
 
+_POSTING_COLUMNS = ("org_id", "term", "chunk_id", "tf", "doc_length", "scope_path", "domain", "searchable",
+                    "impact")
+
+
+@dataclass(frozen=True)
+class BulkLoad:
+    """How a replay into an empty database writes the retrieval projection: no statistics deltas
+    (`recount_statistics` runs once at the end), and postings by COPY when `copy` (only a role
+    that bypasses row-level security may COPY into these tables)."""
+
+    copy: bool
+
+
 class ChunkProjection:
     """One org's chunk writes within a projector batch."""
 
-    def __init__(self, conn: asyncpg.Connection, org_id: str) -> None:
+    def __init__(self, conn: asyncpg.Connection, org_id: str, *, bulk: BulkLoad | None = None) -> None:
         self.conn = conn
         self.org_id = org_id
+        self.bulk = bulk
         self.pending = _PendingChunks()
         self.new_chunks: dict[str, list[str]] = {}  # event that added them -> chunk ids
 
@@ -103,8 +121,8 @@ class ChunkProjection:
                                         domain, c.content, c.content_hash, c.token_count,
                                         doc.length, meta_json, created_at, active, pii_status))
             for term, tf in doc.tf.items():
-                self.pending.terms.append((term, cid, tf, doc.length, scope_path, domain, searchable,
-                                           posting_impact(tf, doc.length)))
+                self.pending.terms.append((self.org_id, term, c.id, tf, doc.length, scope_path, domain,
+                                           searchable, posting_impact(tf, doc.length)))
                 if searchable:
                     self.pending.term_df[(scope_path, domain, term)] += 1
             if searchable:
@@ -130,12 +148,7 @@ class ChunkProjection:
             "  $13::text[]::jsonb[], $14::timestamptz[], $15::bool[], $16::text[]) AS u "
             "ON CONFLICT (chunk_id) DO NOTHING",
             self.org_id, *[list(c) for c in cols])
-        tcols = list(zip(*pending.terms)) if pending.terms else [[] for _ in range(8)]
-        await self.conn.execute(
-            "INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable, impact) "
-            "SELECT $1, u.* FROM unnest($2::text[], $3::uuid[], $4::int[], $5::int[], "
-            "  $6::text[], $7::text[], $8::bool[], $9::real[]) AS u ON CONFLICT DO NOTHING",
-            self.org_id, *[list(c) for c in tcols])
+        await self._write_postings(pending.terms)
         await self._add_stats([(s, d, *totals) for (s, d), totals in pending.stats.items()])
         await self._add_term_stats([(s, d, t, n) for (s, d, t), n in pending.term_df.items()])
         await self.conn.execute(
@@ -145,6 +158,18 @@ class ChunkProjection:
             "      ORDER BY content_hash, recorded_at DESC) v "
             "WHERE c.org_id = $1 AND c.chunk_id = ANY($2::uuid[]) AND c.content_hash = v.content_hash",
             self.org_id, list(cols[0]), sorted(set(cols[8])))
+
+    async def _write_postings(self, rows: list[tuple]) -> None:
+        if self.bulk and self.bulk.copy:
+            # Replay: one COPY instead of arrays of every column (asyncpg checks each element).
+            await self.conn.copy_records_to_table("chunk_terms", records=rows, columns=_POSTING_COLUMNS)
+            return
+        tcols = list(zip(*rows)) if rows else [[] for _ in range(len(_POSTING_COLUMNS))]
+        await self.conn.execute(
+            "INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable, impact) "
+            "SELECT $1, u.* FROM unnest($2::text[], $3::uuid[], $4::int[], $5::int[], "
+            "  $6::text[], $7::text[], $8::bool[], $9::real[]) AS u ON CONFLICT DO NOTHING",
+            self.org_id, *[list(c) for c in tcols[1:]])
 
     async def unembedded(self) -> dict[str, list[str]]:
         """Searchable chunks added in this batch still without a vector, by the event that added
@@ -206,7 +231,7 @@ class ChunkProjection:
 
     async def _term_stats_follow(self, signed_chunks: list[tuple[Any, int]]) -> None:
         """Chunks entering (+1) or leaving (-1) the searchable set: their terms' df follow."""
-        if not signed_chunks:
+        if not signed_chunks or self.bulk:
             return
         rows = await self.conn.fetch(
             "SELECT t.scope_path, t.domain, t.term, sum(u.sign)::bigint AS delta FROM chunk_terms t "
@@ -216,7 +241,7 @@ class ChunkProjection:
         await self._add_term_stats([(r["scope_path"], r["domain"], r["term"], r["delta"]) for r in rows])
 
     async def _add_term_stats(self, rows: list[tuple[str, str, str, int]]) -> None:
-        if not rows:
+        if not rows or self.bulk:
             return
         scopes, domains, terms, deltas = (list(c) for c in zip(*rows))
         await self.conn.execute(
@@ -224,10 +249,13 @@ class ChunkProjection:
             "SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS u "
             "ON CONFLICT (org_id, term, scope_path, domain) DO UPDATE SET df = term_stats.df + EXCLUDED.df",
             self.org_id, scopes, domains, terms, deltas)
+        if min(deltas) < 0:
+            await self.conn.execute("DELETE FROM term_stats WHERE org_id = $1 AND term = ANY($2::text[]) AND df = 0",
+                                    self.org_id, sorted({t for t, n in zip(terms, deltas) if n < 0}))
 
     async def _add_stats(self, rows: list[tuple[str, str, int, int, int]]) -> None:
         """Add (scope, domain, N, total length, total tokens) deltas to corpus_stats."""
-        if not rows:
+        if not rows or self.bulk:
             return
         scopes, domains, ns, lengths, tokens = (list(c) for c in zip(*rows))
         await self.conn.execute(
@@ -238,6 +266,8 @@ class ChunkProjection:
             "    total_length = corpus_stats.total_length + EXCLUDED.total_length, "
             "    token_total = corpus_stats.token_total + EXCLUDED.token_total",
             self.org_id, scopes, domains, ns, lengths, tokens)
+        if min(ns) < 0:
+            await self.conn.execute("DELETE FROM corpus_stats WHERE org_id = $1 AND n_docs = 0", self.org_id)
 
     async def record_vectors(self, *, event_id: str, model_version: str,
                              vectors: Sequence[dict[str, str]], recorded_at: dt.datetime) -> None:
@@ -260,6 +290,21 @@ class ChunkProjection:
             "FROM unnest($3::text[], $4::vector[]) AS u(h, v) "
             "WHERE c.org_id = $1 AND c.content_hash = u.h",
             self.org_id, model_version, hashes, arrays)
+
+
+async def recount_statistics(conn: asyncpg.Connection, org_id: str) -> None:
+    """Set one org's corpus_stats and term_stats to a count over its searchable chunks and
+    postings: what the deltas maintain, computed from scratch (the end of a bulk load)."""
+    await conn.execute("DELETE FROM corpus_stats WHERE org_id = $1", org_id)
+    await conn.execute(
+        "INSERT INTO corpus_stats (org_id, scope_path, domain, n_docs, total_length, token_total) "
+        "SELECT org_id, scope_path, domain, count(*), sum(term_count), sum(token_count) FROM chunks "
+        "WHERE org_id = $1 AND searchable GROUP BY org_id, scope_path, domain", org_id)
+    await conn.execute("DELETE FROM term_stats WHERE org_id = $1", org_id)
+    await conn.execute(
+        "INSERT INTO term_stats (org_id, scope_path, domain, term, df) "
+        "SELECT org_id, scope_path, domain, term, count(*) FROM chunk_terms "
+        "WHERE org_id = $1 AND searchable GROUP BY org_id, scope_path, domain, term", org_id)
 
 
 def _stat_deltas(signed_rows: Sequence[tuple[Any, int]]) -> list[tuple[str, str, int, int, int]]:

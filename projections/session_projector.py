@@ -103,7 +103,7 @@ from context_engine.scope import Scope
 
 from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, pii_scan_job
 
-from .chunk_projection import SEMANTIC, ChunkProjection
+from .chunk_projection import SEMANTIC, BulkLoad, ChunkProjection
 from .guardrail_projection import apply_guardrail_published
 from .records import LogRecord
 
@@ -151,9 +151,11 @@ def session_key(org_id: str, session_id: str) -> str:
 
 
 async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
-                      projector: str = PROJECTOR) -> list[Applied]:
+                      projector: str = PROJECTOR, bulk: BulkLoad | None = None) -> list[Applied]:
     """Archive and project `records` (in log order per partition) in one transaction.
-    Returns one Applied per record, in input order."""
+    Returns one Applied per record, in input order. `bulk`: a replay into an empty database,
+    which looks for no chunks to embed (the log holds their vectors) and leaves the retrieval
+    statistics to `recount_statistics`."""
     if not records:
         return []
     events = [_decode(r) for r in records]
@@ -166,7 +168,7 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
         for org_id, indexes in by_org.items():
             await _set_org(conn, org_id)
             fresh = await _archive(conn, org_id, [(records[i], events[i]) for i in indexes])
-            applier = _OrgApplier(conn, org_id)
+            applier = _OrgApplier(conn, org_id, bulk)
             todo = []
             for i in indexes:
                 eid = ids[i]
@@ -186,6 +188,8 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
                     raise ProjectionError(f"cannot project {_where(records[i])} "
                                           f"({events[i].type} {events[i].event_id}): {exc!r}") from exc
             await applier.finish()
+            if bulk:
+                continue
             unembedded = await applier.chunks.unembedded()
             for i in indexes:
                 if (r := results[i]) is not None and r.outcome == APPLIED and r.event_id in unembedded:
@@ -408,13 +412,13 @@ class _OrgApplier:
     """Applies one org's fresh events in log order. Chain state lives in memory and rows are
     written in bulk; rollbacks and snapshots, which read rows back, flush first."""
 
-    def __init__(self, conn: asyncpg.Connection, org_id: str) -> None:
+    def __init__(self, conn: asyncpg.Connection, org_id: str, bulk: BulkLoad | None = None) -> None:
         self.conn = conn
         self.org_id = org_id
         self.sessions: dict[str, _Session] = {}
         self.used_keys: set[tuple[str, str]] = set()  # (session_id, idempotency_key)
         self.pending = _Pending()
-        self.chunks = ChunkProjection(conn, org_id)
+        self.chunks = ChunkProjection(conn, org_id, bulk=bulk)
 
     async def load_sessions(self, session_ids: set[str]) -> None:
         if not session_ids:

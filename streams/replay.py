@@ -2,7 +2,10 @@
 rebuild.
 
 Replay is a bulk path (ARCHITECTURE.md section 4): records go through the same `apply_batch` the
-live projector uses, in large batches, into a database that holds no events yet. `verify`
+live projector uses, in large batches, into a database that holds no events yet. Being the only
+writer of an empty database, it loads in bulk: postings by COPY, the HNSW and posting indexes
+built once at the end, and the retrieval statistics recounted at the end instead of kept by
+deltas per batch (the recount gives the same rows, projections/chunk_projection.py). `verify`
 replays into a scratch database and compares every version hash, item and snapshot with the live
 read models, naming the event behind each difference.
 
@@ -31,9 +34,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import migrate
 from context_engine.projections.records import LogRecord
-from context_engine.projections.session_projector import apply_batch
+from context_engine.projections.chunk_projection import BulkLoad, recount_statistics
+from context_engine.projections.session_projector import SYSTEM_ORG, apply_batch
 
 BATCH = 2000
+# maintenance_work_mem of the index builds at the end. pgvector builds an HNSW graph much faster
+# while it fits in this memory: 100,000 384-d vectors need ~200 MB, PostgreSQL's default is 64 MB.
+BUILD_MEMORY_MB = 1024
 
 
 @dataclass(frozen=True)
@@ -133,26 +140,45 @@ async def replay(records: AsyncIterator[list[LogRecord]], target_admin_url: str,
         async with pool.acquire() as conn:
             if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM event_archive)"):
                 raise RuntimeError("the target database already holds events; replay needs an empty one")
-            started, count = time.monotonic(), 0
-            # The vector indexes are built once at the end: inserting every replayed vector into
-            # the HNSW graph one by one is slower than building it over all of them.
-            vector_indexes = await conn.fetch(
-                "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() "
-                "AND tablename = 'chunks' AND indexdef ILIKE '%USING hnsw%'")
-            for index in vector_indexes:
-                await conn.execute(f'DROP INDEX "{index["indexname"]}"')
+            started, count, orgs = time.monotonic(), 0, set()
+            bulk = BulkLoad(copy=await conn.fetchval(
+                "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"))
+            deferred = await _deferred_indexes(conn)
+            for drop, _create in deferred:
+                await conn.execute(drop)
             try:
                 async for batch in records:
-                    await apply_batch(conn, batch)
+                    orgs.update(a.org_id for a in await apply_batch(conn, batch, bulk=bulk))
                     count += len(batch)
                     if progress:
                         progress(len(batch))
             finally:  # a replay cut short still leaves a schema the stack can serve from
-                for index in vector_indexes:
-                    await conn.execute(index["indexdef"])
+                await conn.execute(f"SET maintenance_work_mem = '{BUILD_MEMORY_MB}MB'")
+                for _drop, create in deferred:
+                    await conn.execute(create)
+                for org_id in sorted(orgs - {SYSTEM_ORG}):
+                    async with conn.transaction():
+                        await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
+                        await recount_statistics(conn, org_id)
             return ReplayReport(count, time.monotonic() - started)
     finally:
         await pool.close()
+
+
+async def _deferred_indexes(conn: asyncpg.Connection) -> list[tuple[str, str]]:
+    """(drop, create) for the indexes a replay builds once after the last event instead of
+    maintaining row by row: building an HNSW graph or a B-tree over all rows at once is several
+    times faster. The replay's own statements do not need them (postings keep their by-chunk
+    index, which rollbacks use)."""
+    rows = await conn.fetch(
+        "SELECT format('DROP INDEX %I', indexname), indexdef FROM pg_indexes "
+        "WHERE schemaname = current_schema() AND ((tablename = 'chunks' AND indexdef ILIKE '%USING hnsw%') "
+        "  OR indexname = 'chunk_terms_impact') "
+        "UNION ALL "
+        "SELECT format('ALTER TABLE %s DROP CONSTRAINT %I', conrelid::regclass, conname), "
+        "       format('ALTER TABLE %s ADD CONSTRAINT %I %s', conrelid::regclass, conname, pg_get_constraintdef(oid)) "
+        "FROM pg_constraint WHERE conrelid = 'chunk_terms'::regclass AND contype = 'p'")
+    return [(r[0], r[1]) for r in rows]
 
 
 def with_database(url: str, name: str) -> str:

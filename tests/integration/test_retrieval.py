@@ -283,10 +283,15 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
                 assert expected and [tuple(r) for r in await rebuilt.fetch(sql, org)] == expected, sql
             assert await rebuilt.fetchval(
                 "SELECT count(*) FROM chunks WHERE org_id = $1 AND embedding IS NULL", org) == 0
-            # Replay builds the vector indexes after the last event: they are all there again.
-            index_defs = "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'chunks' ORDER BY 1"
+            # Replay builds the vector and posting indexes after the last event: all are there again,
+            # the primary key as a constraint.
+            index_defs = ("SELECT indexname, indexdef FROM pg_indexes WHERE tablename IN ('chunks', 'chunk_terms') "
+                          "ORDER BY 1")
             assert [tuple(r) for r in await rebuilt.fetch(index_defs)] == [tuple(r) for r in await live.fetch(index_defs)]
-            assert "chunks_embedding_384" in {r["indexname"] for r in await rebuilt.fetch(index_defs)}
+            assert {"chunks_embedding_384", "chunk_terms_impact", "chunk_terms_pkey"} <= {
+                r["indexname"] for r in await rebuilt.fetch(index_defs)}
+            assert await rebuilt.fetchval("SELECT count(*) FROM pg_constraint "
+                                          "WHERE conrelid = 'chunk_terms'::regclass AND contype = 'p'") == 1
         finally:
             await live.close()
             await rebuilt.close()
@@ -295,7 +300,9 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
 
 
 async def test_term_statistics_follow_rollbacks(engine):
-    """df per term is kept by deltas; after a rollback it equals a count over the searchable postings."""
+    """df per term is kept by deltas; after a rollback it equals a count over the searchable
+    postings, rows that reach zero are gone, and a replay (which recounts instead of adding
+    deltas) gives the same rows."""
     org = unique("org")
     caller = engine.caller(org, clearance=4)
     await ingest(caller, "s", ["apples and pears", "apples again"])
@@ -305,7 +312,7 @@ async def test_term_statistics_follow_rollbacks(engine):
     conn = await asyncpg.connect(engine.settings.database_url)
     try:
         kept = {r["term"]: r["df"] for r in await conn.fetch(
-            "SELECT term, sum(df) AS df FROM term_stats WHERE org_id = $1 GROUP BY term HAVING sum(df) > 0", org)}
+            "SELECT term, sum(df) AS df FROM term_stats WHERE org_id = $1 GROUP BY term", org)}
         counted = {r["term"]: r["n"] for r in await conn.fetch(
             "SELECT term, count(*) AS n FROM chunk_terms WHERE org_id = $1 AND searchable GROUP BY term", org)}
         n_docs, tokens = await conn.fetchrow(
@@ -317,6 +324,22 @@ async def test_term_statistics_follow_rollbacks(engine):
     assert kept == counted == {"apples": 2, "pears": 1, "again": 1}
     assert n_docs == 2
     assert tokens == counted_tokens == count_tokens("apples and pears") + count_tokens("apples again")
+
+    settings = engine.settings
+    target = await create_database(settings.database_url, "ce_test_replay_stats")
+    try:
+        await replay(read_log(settings.kafka_bootstrap, LogTopics.from_settings(settings).events), target)
+        live, rebuilt = await asyncpg.connect(settings.database_url), await asyncpg.connect(target)
+        try:
+            for sql in ("SELECT scope_path, domain, term, df FROM term_stats WHERE org_id = $1 ORDER BY 1, 2, 3",
+                        "SELECT scope_path, domain, n_docs, total_length, token_total FROM corpus_stats "
+                        "WHERE org_id = $1 ORDER BY 1, 2"):
+                assert [tuple(r) for r in await rebuilt.fetch(sql, org)] == [tuple(r) for r in await live.fetch(sql, org)]
+        finally:
+            await live.close()
+            await rebuilt.close()
+    finally:
+        await drop_database(settings.database_url, target)
 
 
 async def test_the_backlog_sweep_pages_through_every_unembedded_chunk_once(engine):
