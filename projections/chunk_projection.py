@@ -151,13 +151,9 @@ class ChunkProjection:
         await self._write_postings(pending.terms)
         await self._add_stats([(s, d, *totals) for (s, d), totals in pending.stats.items()])
         await self._add_term_stats([(s, d, t, n) for (s, d, t), n in pending.term_df.items()])
-        await self.conn.execute(
-            "UPDATE chunks c SET embedding = v.embedding, embedding_model = v.model_version "
-            "FROM (SELECT DISTINCT ON (content_hash) content_hash, embedding, model_version "
-            "      FROM content_vectors WHERE org_id = $1 AND content_hash = ANY($3::text[]) "
-            "      ORDER BY content_hash, recorded_at DESC) v "
-            "WHERE c.org_id = $1 AND c.chunk_id = ANY($2::uuid[]) AND c.content_hash = v.content_hash",
-            self.org_id, list(cols[0]), sorted(set(cols[8])))
+        if not self.bulk:
+            await self.conn.execute(_ASSIGN_VECTORS + "AND c.chunk_id = ANY($3::uuid[])",
+                                    self.org_id, sorted(set(cols[8])), list(cols[0]))
 
     async def _write_postings(self, rows: list[tuple]) -> None:
         if self.bulk and self.bulk.copy:
@@ -271,8 +267,9 @@ class ChunkProjection:
 
     async def record_vectors(self, *, event_id: str, model_version: str,
                              vectors: Sequence[dict[str, str]], recorded_at: dt.datetime) -> None:
-        """Apply `embedding.recorded`: payload vectors are {content_hash, vector (base64 f32 LE)}."""
-        await self.flush()
+        """Apply `embedding.recorded`: payload vectors are {content_hash, vector (base64 f32 LE)}.
+        A bulk load only records them: `assign_recorded_vectors` gives every chunk its vector at
+        the end, in one pass instead of rewriting chunk rows batch by batch."""
         if not model_version or not vectors:
             raise ValueError("embedding.recorded needs model_version and vectors")
         hashes = [str(v["content_hash"]) for v in vectors]
@@ -285,11 +282,29 @@ class ChunkProjection:
             "ON CONFLICT (org_id, content_hash, model_version) DO UPDATE "
             "SET embedding = EXCLUDED.embedding, recorded_at = EXCLUDED.recorded_at, event_id = EXCLUDED.event_id",
             self.org_id, model_version, hashes, arrays, recorded_at, event_id)
+        if self.bulk:
+            return
         await self.conn.execute(
             "UPDATE chunks c SET embedding = u.v, embedding_model = $2 "
             "FROM unnest($3::text[], $4::vector[]) AS u(h, v) "
             "WHERE c.org_id = $1 AND c.content_hash = u.h",
             self.org_id, model_version, hashes, arrays)
+
+
+# The latest vector recorded for each chunk's content ($1 org, $2 content hashes or NULL for
+# all; a caller may add a filter on c).
+_ASSIGN_VECTORS = (
+    "UPDATE chunks c SET embedding = v.embedding, embedding_model = v.model_version "
+    "FROM (SELECT DISTINCT ON (content_hash) content_hash, embedding, model_version "
+    "      FROM content_vectors WHERE org_id = $1 AND ($2::text[] IS NULL OR content_hash = ANY($2::text[])) "
+    "      ORDER BY content_hash, recorded_at DESC) v "
+    "WHERE c.org_id = $1 AND c.content_hash = v.content_hash ")
+
+
+async def assign_recorded_vectors(conn: asyncpg.Connection, org_id: str) -> None:
+    """Every chunk of an org gets the latest vector recorded for its content: what the live
+    projection keeps chunk by chunk, done once at the end of a bulk load."""
+    await conn.execute(_ASSIGN_VECTORS, org_id, None)
 
 
 async def recount_statistics(conn: asyncpg.Connection, org_id: str) -> None:

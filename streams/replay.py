@@ -4,8 +4,9 @@ rebuild.
 Replay is a bulk path (ARCHITECTURE.md section 4): records go through the same `apply_batch` the
 live projector uses, in large batches, into a database that holds no events yet. Being the only
 writer of an empty database, it loads in bulk: postings by COPY, the HNSW and posting indexes
-built once at the end, and the retrieval statistics recounted at the end instead of kept by
-deltas per batch (the recount gives the same rows, projections/chunk_projection.py). `verify`
+built once at the end, recorded vectors given to their chunks in one pass at the end, and the
+retrieval statistics recounted at the end instead of kept by deltas per batch (both give the same
+rows as the live path, projections/chunk_projection.py). `verify`
 replays into a scratch database and compares every version hash, item and snapshot with the live
 read models, naming the event behind each difference.
 
@@ -34,7 +35,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import migrate
 from context_engine.projections.records import LogRecord
-from context_engine.projections.chunk_projection import BulkLoad, recount_statistics
+from context_engine.projections.chunk_projection import BulkLoad, assign_recorded_vectors, recount_statistics
 from context_engine.projections.session_projector import SYSTEM_ORG, apply_batch
 
 BATCH = 2000
@@ -153,13 +154,14 @@ async def replay(records: AsyncIterator[list[LogRecord]], target_admin_url: str,
                     if progress:
                         progress(len(batch))
             finally:  # a replay cut short still leaves a schema the stack can serve from
-                await conn.execute(f"SET maintenance_work_mem = '{BUILD_MEMORY_MB}MB'")
-                for _drop, create in deferred:
-                    await conn.execute(create)
                 for org_id in sorted(orgs - {SYSTEM_ORG}):
                     async with conn.transaction():
                         await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
+                        await assign_recorded_vectors(conn, org_id)
                         await recount_statistics(conn, org_id)
+                await conn.execute(f"SET maintenance_work_mem = '{BUILD_MEMORY_MB}MB'")
+                for _drop, create in deferred:
+                    await conn.execute(create)
             return ReplayReport(count, time.monotonic() - started)
     finally:
         await pool.close()
