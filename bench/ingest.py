@@ -96,10 +96,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--payload-bytes", type=int, default=200)
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a CONTEXT_ENGINE_* setting for the stack, e.g. EMBEDDING_BATCH_SIZE=32 (repeatable)")
     args = parser.parse_args()
+    settings = dict(("CONTEXT_ENGINE_" + name.removeprefix("CONTEXT_ENGINE_").upper(), value)
+                    for name, value in (s.split("=", 1) for s in args.setting))
 
     home = pathlib.Path(tempfile.mkdtemp(prefix="context-engine-bench-"))
-    stack = Stack(home)
+    stack = Stack(home, settings=settings)
     try:
         stack.wait_serving()
         endpoints = stack.endpoints()
@@ -116,7 +120,8 @@ def main() -> None:
     ms = [x * 1000 for x in latencies]
     print(f"machine: {machine()}")
     print(f"settings: {args.clients} clients, {args.seconds:.0f} s, ~{args.payload_bytes} B content, "
-          "embedded PostgreSQL 18 + tansu, 4 partitions, ack after archive+projection")
+          "embedded PostgreSQL 18 + tansu, 4 partitions, ack after archive+projection"
+          + "".join(f", {k}={v}" for k, v in settings.items()))
     print(f"acknowledged: {len(ms)} events, {len(ms) / args.seconds:,.0f} events/s")
     print(f"ack latency ms: p50 {percentile(ms, 50):.1f}  p95 {percentile(ms, 95):.1f}  "
           f"p99 {percentile(ms, 99):.1f}  mean {statistics.fmean(ms):.1f}")

@@ -101,7 +101,8 @@ class ChunkProjection:
         self.org_id = org_id
         self.bulk = bulk
         self.pending = _PendingChunks()
-        self.new_chunks: dict[str, list[str]] = {}  # event that added them -> chunk ids
+        self.added_by: dict[str, str] = {}  # chunk id -> the event that added it in this batch
+        self.awaiting_vector: dict[str, str] = {}  # of those, searchable without a vector -> content hash
 
     def add(self, *, event_id: str, source_kind: str, session_id: str | None, scope_path: str,
             content: bytes, metadata: dict[str, Any], created_at: dt.datetime,
@@ -112,11 +113,10 @@ class ChunkProjection:
         searchable = active and pii_status == "clear"
         chunks = chunk_content(event_id, content, content_type=_content_type(content, metadata))
         meta_json = orjson.dumps(metadata).decode()
-        ids = []
         for c in chunks:
             doc = term_frequencies(c.content)
             cid = str(c.id)
-            ids.append(cid)
+            self.added_by[cid] = added_by or event_id
             self.pending.chunks.append((cid, scope_path, event_id, source_kind, session_id, c.index,
                                         domain, c.content, c.content_hash, c.token_count,
                                         doc.length, meta_json, created_at, active, pii_status))
@@ -130,30 +130,18 @@ class ChunkProjection:
                 stat[0] += 1
                 stat[1] += doc.length
                 stat[2] += c.token_count
-        if ids:
-            self.new_chunks.setdefault(added_by or event_id, []).extend(ids)
 
     async def flush(self) -> None:
-        """Write pending chunks; give them vectors already recorded for their content."""
+        """Write pending chunks, each with the latest vector already recorded for its content."""
         pending, self.pending = self.pending, _PendingChunks()
         if not pending:
             return
         cols = list(zip(*pending.chunks))
-        await self.conn.execute(
-            "INSERT INTO chunks (org_id, chunk_id, scope_path, source_event_id, source_kind, "
-            "  session_id, chunk_index, domain, content, content_hash, token_count, term_count, "
-            "  metadata, created_at, active, pii_status) "
-            "SELECT $1, u.* FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::text[], $6::text[], "
-            "  $7::int[], $8::text[], $9::text[], $10::text[], $11::int[], $12::int[], "
-            "  $13::text[]::jsonb[], $14::timestamptz[], $15::bool[], $16::text[]) AS u "
-            "ON CONFLICT (chunk_id) DO NOTHING",
-            self.org_id, *[list(c) for c in cols])
+        inserted = await self.conn.fetch(_INSERT_CHUNKS, self.org_id, *[list(c) for c in cols])
+        self.awaiting_vector.update((str(r["chunk_id"]), r["content_hash"]) for r in inserted if r["awaiting_vector"])
         await self._write_postings(pending.terms)
         await self._add_stats([(s, d, *totals) for (s, d), totals in pending.stats.items()])
         await self._add_term_stats([(s, d, t, n) for (s, d, t), n in pending.term_df.items()])
-        if not self.bulk:
-            await self.conn.execute(_ASSIGN_VECTORS + "AND c.chunk_id = ANY($3::uuid[])",
-                                    self.org_id, sorted(set(cols[8])), list(cols[0]))
 
     async def _write_postings(self, rows: list[tuple]) -> None:
         if self.bulk and self.bulk.copy:
@@ -167,18 +155,14 @@ class ChunkProjection:
             "  $6::text[], $7::text[], $8::bool[], $9::real[]) AS u ON CONFLICT DO NOTHING",
             self.org_id, *[list(c) for c in tcols[1:]])
 
-    async def unembedded(self) -> dict[str, list[str]]:
+    def unembedded(self) -> dict[str, list[str]]:
         """Searchable chunks added in this batch still without a vector, by the event that added
         them (quarantined chunks are not embedded: a rescan replaces them)."""
-        if not self.new_chunks:
-            return {}
-        ids = [cid for cids in self.new_chunks.values() for cid in cids]
-        missing = {str(r["chunk_id"]) for r in await self.conn.fetch(
-            "SELECT chunk_id FROM chunks "
-            "WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) AND embedding IS NULL AND searchable",
-            self.org_id, ids)}
-        out = {by: [c for c in cids if c in missing] for by, cids in self.new_chunks.items()}
-        return {by: cids for by, cids in out.items() if cids}
+        out: dict[str, list[str]] = {}
+        for cid, by in self.added_by.items():
+            if cid in self.awaiting_vector:
+                out.setdefault(by, []).append(cid)
+        return out
 
     async def set_active(self, changes: Sequence[tuple[Any, bool]]) -> None:
         """A rollback changed these sources' `active` flags: follow on their chunks."""
@@ -195,8 +179,15 @@ class ChunkProjection:
             "FROM unnest($2::uuid[], $3::bool[]) AS u(event_id, active), before b "
             "WHERE c.org_id = $1 AND c.source_event_id = u.event_id AND b.chunk_id = c.chunk_id "
             "  AND c.active IS DISTINCT FROM u.active "
-            "RETURNING c.chunk_id, c.scope_path, c.domain, c.term_count, c.token_count, b.was, c.searchable",
+            "RETURNING c.chunk_id, c.scope_path, c.domain, c.term_count, c.token_count, b.was, c.searchable, "
+            "  c.embedding IS NULL AS unembedded, c.content_hash",
             self.org_id, ids, flags)
+        for r in rows:
+            if (cid := str(r["chunk_id"])) in self.added_by:
+                if r["searchable"] and r["unembedded"]:
+                    self.awaiting_vector[cid] = r["content_hash"]
+                else:
+                    self.awaiting_vector.pop(cid, None)
         await self._searchable_changed(rows)
 
     async def remove_source(self, event_id: str) -> None:
@@ -208,6 +199,8 @@ class ChunkProjection:
             self.org_id, event_id)
         if not gone:
             return
+        for r in gone:
+            self.awaiting_vector.pop(str(r["chunk_id"]), None)
         await self._term_stats_follow([(r["chunk_id"], -1) for r in gone if r["searchable"]])
         await self.conn.execute("DELETE FROM chunk_terms WHERE org_id = $1 AND chunk_id = ANY($2::uuid[])",
                                 self.org_id, [r["chunk_id"] for r in gone])
@@ -289,22 +282,38 @@ class ChunkProjection:
             "FROM unnest($3::text[], $4::vector[]) AS u(h, v) "
             "WHERE c.org_id = $1 AND c.content_hash = u.h",
             self.org_id, model_version, hashes, arrays)
+        recorded = set(hashes)
+        self.awaiting_vector = {c: h for c, h in self.awaiting_vector.items() if h not in recorded}
 
 
-# The latest vector recorded for each chunk's content ($1 org, $2 content hashes or NULL for
-# all; a caller may add a filter on c).
-_ASSIGN_VECTORS = (
-    "UPDATE chunks c SET embedding = v.embedding, embedding_model = v.model_version "
-    "FROM (SELECT DISTINCT ON (content_hash) content_hash, embedding, model_version "
-    "      FROM content_vectors WHERE org_id = $1 AND ($2::text[] IS NULL OR content_hash = ANY($2::text[])) "
-    "      ORDER BY content_hash, recorded_at DESC) v "
-    "WHERE c.org_id = $1 AND c.content_hash = v.content_hash ")
+# New chunks, each with the latest vector recorded for its content (content-hash dedup) when
+# there is one. Written with its vector, a chunk is written once.
+_INSERT_CHUNKS = """
+INSERT INTO chunks (org_id, chunk_id, scope_path, source_event_id, source_kind, session_id, chunk_index,
+                    domain, content, content_hash, token_count, term_count, metadata, created_at, active,
+                    pii_status, embedding, embedding_model)
+SELECT $1, u.*, v.embedding, v.model_version
+FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::int[], $8::text[], $9::text[],
+            $10::text[], $11::int[], $12::int[], $13::text[]::jsonb[], $14::timestamptz[], $15::bool[],
+            $16::text[])
+     AS u(chunk_id, scope_path, source_event_id, source_kind, session_id, chunk_index, domain, content,
+          content_hash, token_count, term_count, metadata, created_at, active, pii_status)
+LEFT JOIN LATERAL (SELECT embedding, model_version FROM content_vectors cv
+                   WHERE cv.org_id = $1 AND cv.content_hash = u.content_hash
+                   ORDER BY recorded_at DESC LIMIT 1) v ON true
+ON CONFLICT (chunk_id) DO NOTHING
+RETURNING chunk_id, content_hash, embedding IS NULL AND searchable AS awaiting_vector
+"""
 
 
 async def assign_recorded_vectors(conn: asyncpg.Connection, org_id: str) -> None:
     """Every chunk of an org gets the latest vector recorded for its content: what the live
     projection keeps chunk by chunk, done once at the end of a bulk load."""
-    await conn.execute(_ASSIGN_VECTORS, org_id, None)
+    await conn.execute(
+        "UPDATE chunks c SET embedding = v.embedding, embedding_model = v.model_version "
+        "FROM (SELECT DISTINCT ON (content_hash) content_hash, embedding, model_version "
+        "      FROM content_vectors WHERE org_id = $1 ORDER BY content_hash, recorded_at DESC) v "
+        "WHERE c.org_id = $1 AND c.content_hash = v.content_hash", org_id)
 
 
 async def recount_statistics(conn: asyncpg.Connection, org_id: str) -> None:

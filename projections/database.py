@@ -48,7 +48,7 @@ async def create_pool(url: str, *, org_scoped: bool = True, min_size: int = 1, m
     org_scoped=True (the API) refuses a role that is superuser or has BYPASSRLS: row-level
     security is the last line of tenant isolation and must apply to every query."""
     if org_scoped:
-        kwargs.setdefault("reset", _transaction_state_only)
+        kwargs.setdefault("reset", transaction_state_only)
     pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size,
                                      init=init_connection, **kwargs)
     if org_scoped:
@@ -71,11 +71,11 @@ async def create_pool(url: str, *, org_scoped: bool = True, min_size: int = 1, m
 _SETTING_NAME = re.compile(r"[a-z_]+\.[a-z_]+")
 
 
-async def _transaction_state_only(conn: asyncpg.Connection) -> None:
-    """Release hook of org-scoped pools, instead of asyncpg's RESET ALL / UNLISTEN / CLOSE ALL
-    query: their connections only ever change transaction-local state (`org_transaction`), which
-    the transaction's end already discards, and asyncpg still rolls back an open transaction
-    itself. Saves one round trip per call on the hot paths."""
+async def transaction_state_only(conn: asyncpg.Connection) -> None:
+    """Release hook of org-scoped pools and the worker's, instead of asyncpg's RESET ALL /
+    UNLISTEN / CLOSE ALL query: their connections only ever change transaction-local state
+    (`org_transaction`, `apply_batch`), which the transaction's end already discards, and asyncpg
+    still rolls back an open transaction itself. Saves one round trip per call on the hot paths."""
 
 
 @asynccontextmanager

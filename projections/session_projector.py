@@ -190,7 +190,7 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
             await applier.finish()
             if bulk:
                 continue
-            unembedded = await applier.chunks.unembedded()
+            unembedded = applier.chunks.unembedded()
             for i in indexes:
                 if (r := results[i]) is not None and r.outcome == APPLIED and r.event_id in unembedded:
                     job = embedding_job(Scope(org_id), r.event_id, unembedded[r.event_id])

@@ -40,7 +40,7 @@ from context_engine.concurrency import background_thread
 from context_engine.config import Settings
 from context_engine.events import Event
 from context_engine.inference.embedder import embedder_from_settings
-from context_engine.projections.database import create_pool
+from context_engine.projections.database import create_pool, transaction_state_only
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import Applied, apply_batch
 from context_engine.streams.embedding_pipeline import EmbeddingPipeline
@@ -128,7 +128,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     async def pool() -> asyncpg.Pool:
         if "pool" not in holder:
             holder["pool"] = await create_pool(settings.database_url, org_scoped=False,
-                                               min_size=1, max_size=4)
+                                               min_size=1, max_size=4, reset=transaction_state_only)
         return holder["pool"]
 
     async def send_event(event: Event) -> None:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import numpy as np
 import orjson
 import pytest
 
@@ -26,6 +27,7 @@ from context_engine.events import (
 )
 from context_engine.hashing import chain, genesis_version, next_version, sha256_hex
 from context_engine.projections import queries
+from context_engine.projections.database import init_connection
 from context_engine.projections.migrate import migrate
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import (
@@ -41,6 +43,7 @@ from context_engine.projections.session_projector import (
     load_offsets,
 )
 from context_engine.scope import Scope
+from context_engine.streams.embedding_pipeline import recorded_event
 
 pytestmark = pytest.mark.integration
 
@@ -567,3 +570,33 @@ async def test_replay_of_the_archive_into_a_fresh_database_is_identical(postgres
     finally:
         for name in names:
             await _drop_db(postgres_url, name)
+
+
+async def test_identical_content_is_embedded_once(conn: asyncpg.Connection) -> None:
+    """A chunk asks for an embedding only when no vector is recorded for its content: a later
+    chunk with that content is written with the recorded vector, and a vector recorded later in
+    the same batch answers the job before it is asked."""
+    await init_connection(conn)  # pgvector's codec, as the worker's pool has it
+    org, log = new_org(), Log()
+    vector = np.linspace(-1, 1, 384, dtype=np.float32)
+
+    def jobs(applied) -> dict[str, list[str]]:
+        return {a.event_id: [kind for kind, _ in a.jobs] for a in applied}
+
+    first = ingest(org, "s1", "the same words")
+    assert jobs(await apply_batch(conn, log.append(first))) == {first.event_id: ["embedding"]}
+    recorded = recorded_event(org, "model-x", [(sha256_hex(b"the same words"), vector)])
+    again, other = ingest(org, "s2", "the same words"), ingest(org, "s3", "other words")
+    assert jobs(await apply_batch(conn, log.append(recorded, again, other))) == {
+        recorded.event_id: [], again.event_id: [], other.event_id: ["embedding"]}
+    late = ingest(org, "s4", "words recorded in the same batch")
+    answer = recorded_event(org, "model-x", [(sha256_hex(b"words recorded in the same batch"), vector)])
+    assert jobs(await apply_batch(conn, log.append(late, answer))) == {late.event_id: [], answer.event_id: []}
+
+    async with conn.transaction():
+        await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
+        rows = await conn.fetch("SELECT content, embedding_model, embedding IS NOT NULL AS has FROM chunks "
+                                "WHERE org_id = $1 ORDER BY content", org)
+    assert [tuple(r) for r in rows] == [
+        ("other words", None, False), ("the same words", "model-x", True), ("the same words", "model-x", True),
+        ("words recorded in the same batch", "model-x", True)]
