@@ -40,6 +40,7 @@ from pgvector import Vector
 
 from context_engine.projections.retrieval.bm25 import B, K1, term_frequencies
 from context_engine.projections.retrieval.chunking import chunk_content
+from context_engine.projections.statement_batch import StatementBatch
 
 SEMANTIC = "semantic"
 DOMAIN_KEY = "domain"
@@ -103,6 +104,7 @@ class ChunkProjection:
         self.pending = _PendingChunks()
         self.added_by: dict[str, str] = {}  # chunk id -> the event that added it in this batch
         self.awaiting_vector: dict[str, str] = {}  # of those, searchable without a vector -> content hash
+        self._to_copy: list[tuple] | None = None  # postings a bulk load COPYs after the batch
 
     def add(self, *, event_id: str, source_kind: str, session_id: str | None, scope_path: str,
             content: bytes, metadata: dict[str, Any], created_at: dt.datetime,
@@ -133,27 +135,37 @@ class ChunkProjection:
 
     async def flush(self) -> None:
         """Write pending chunks, each with the latest vector already recorded for its content."""
+        batch = StatementBatch()
+        if (select := self.stage(batch)) is not None:
+            await self.written(await batch.run(self.conn, select))
+
+    def stage(self, batch: StatementBatch) -> str | None:
+        """Queue the pending chunk writes on `batch` (the session projector sends its own rows in
+        the same round trip). Returns the query that reads back the inserted chunks, whose rows go
+        to `written`; None when nothing is pending."""
         pending, self.pending = self.pending, _PendingChunks()
         if not pending:
-            return
+            return None
         cols = list(zip(*pending.chunks))
-        inserted = await self.conn.fetch(_INSERT_CHUNKS, self.org_id, *[list(c) for c in cols])
-        self.awaiting_vector.update((str(r["chunk_id"]), r["content_hash"]) for r in inserted if r["awaiting_vector"])
-        await self._write_postings(pending.terms)
-        await self._add_stats([(s, d, *totals) for (s, d), totals in pending.stats.items()])
-        await self._add_term_stats([(s, d, t, n) for (s, d, t), n in pending.term_df.items()])
-
-    async def _write_postings(self, rows: list[tuple]) -> None:
+        inserted = batch.add(_INSERT_CHUNKS, self.org_id, *[list(c) for c in cols])
         if self.bulk and self.bulk.copy:
+            self._to_copy = pending.terms  # after the batch: COPY cannot be a WITH clause
+        else:
+            tcols = list(zip(*pending.terms)) if pending.terms else [[] for _ in _POSTING_COLUMNS]
+            batch.add(_INSERT_POSTINGS, self.org_id, *[list(c) for c in tcols[1:]])
+        if not self.bulk:
+            if rows := [(s, d, *totals) for (s, d), totals in pending.stats.items()]:
+                batch.add(_ADD_CORPUS_STATS, self.org_id, *(list(c) for c in zip(*rows)))
+            if rows := [(s, d, t, n) for (s, d, t), n in pending.term_df.items()]:
+                batch.add(_ADD_TERM_STATS, self.org_id, *(list(c) for c in zip(*rows)))
+        return f"SELECT chunk_id, content_hash, awaiting_vector FROM {inserted}"
+
+    async def written(self, inserted: Sequence[asyncpg.Record]) -> None:
+        self.awaiting_vector.update((str(r["chunk_id"]), r["content_hash"]) for r in inserted if r["awaiting_vector"])
+        if self._to_copy is not None:
             # Replay: one COPY instead of arrays of every column (asyncpg checks each element).
+            rows, self._to_copy = self._to_copy, None
             await self.conn.copy_records_to_table("chunk_terms", records=rows, columns=_POSTING_COLUMNS)
-            return
-        tcols = list(zip(*rows)) if rows else [[] for _ in range(len(_POSTING_COLUMNS))]
-        await self.conn.execute(
-            "INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable, impact) "
-            "SELECT $1, u.* FROM unnest($2::text[], $3::uuid[], $4::int[], $5::int[], "
-            "  $6::text[], $7::text[], $8::bool[], $9::real[]) AS u ON CONFLICT DO NOTHING",
-            self.org_id, *[list(c) for c in tcols[1:]])
 
     def unembedded(self) -> dict[str, list[str]]:
         """Searchable chunks added in this batch still without a vector, by the event that added
@@ -233,11 +245,7 @@ class ChunkProjection:
         if not rows or self.bulk:
             return
         scopes, domains, terms, deltas = (list(c) for c in zip(*rows))
-        await self.conn.execute(
-            "INSERT INTO term_stats (org_id, scope_path, domain, term, df) "
-            "SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS u "
-            "ON CONFLICT (org_id, term, scope_path, domain) DO UPDATE SET df = term_stats.df + EXCLUDED.df",
-            self.org_id, scopes, domains, terms, deltas)
+        await self.conn.execute(_ADD_TERM_STATS, self.org_id, scopes, domains, terms, deltas)
         if min(deltas) < 0:
             await self.conn.execute("DELETE FROM term_stats WHERE org_id = $1 AND term = ANY($2::text[]) AND df = 0",
                                     self.org_id, sorted({t for t, n in zip(terms, deltas) if n < 0}))
@@ -247,14 +255,7 @@ class ChunkProjection:
         if not rows or self.bulk:
             return
         scopes, domains, ns, lengths, tokens = (list(c) for c in zip(*rows))
-        await self.conn.execute(
-            "INSERT INTO corpus_stats (org_id, scope_path, domain, n_docs, total_length, token_total) "
-            "SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[]) AS u "
-            "ON CONFLICT (org_id, scope_path, domain) DO UPDATE "
-            "SET n_docs = corpus_stats.n_docs + EXCLUDED.n_docs, "
-            "    total_length = corpus_stats.total_length + EXCLUDED.total_length, "
-            "    token_total = corpus_stats.token_total + EXCLUDED.token_total",
-            self.org_id, scopes, domains, ns, lengths, tokens)
+        await self.conn.execute(_ADD_CORPUS_STATS, self.org_id, scopes, domains, ns, lengths, tokens)
         if min(ns) < 0:
             await self.conn.execute("DELETE FROM corpus_stats WHERE org_id = $1 AND n_docs = 0", self.org_id)
 
@@ -286,6 +287,26 @@ class ChunkProjection:
         self.awaiting_vector = {c: h for c, h in self.awaiting_vector.items() if h not in recorded}
 
 
+_INSERT_POSTINGS = """
+INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable, impact)
+SELECT $1, u.* FROM unnest($2::text[], $3::uuid[], $4::int[], $5::int[], $6::text[], $7::text[], $8::bool[],
+                           $9::real[]) AS u
+ON CONFLICT DO NOTHING
+"""
+# Deltas of (N, total length, total tokens) per (scope, domain), and of df per (scope, domain, term).
+_ADD_CORPUS_STATS = """
+INSERT INTO corpus_stats (org_id, scope_path, domain, n_docs, total_length, token_total)
+SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[]) AS u
+ON CONFLICT (org_id, scope_path, domain) DO UPDATE
+SET n_docs = corpus_stats.n_docs + EXCLUDED.n_docs,
+    total_length = corpus_stats.total_length + EXCLUDED.total_length,
+    token_total = corpus_stats.token_total + EXCLUDED.token_total
+"""
+_ADD_TERM_STATS = """
+INSERT INTO term_stats (org_id, scope_path, domain, term, df)
+SELECT $1, u.* FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS u
+ON CONFLICT (org_id, term, scope_path, domain) DO UPDATE SET df = term_stats.df + EXCLUDED.df
+"""
 # New chunks, each with the latest vector recorded for its content (content-hash dedup) when
 # there is one. Written with its vector, a chunk is written once.
 _INSERT_CHUNKS = """

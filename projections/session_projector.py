@@ -106,6 +106,7 @@ from context_engine.streams.jobs import JobMessage, compaction_job, embedding_jo
 from .chunk_projection import SEMANTIC, BulkLoad, ChunkProjection
 from .guardrail_projection import apply_guardrail_published
 from .records import LogRecord
+from .statement_batch import StatementBatch
 
 PROJECTOR = "session"
 SYSTEM_ORG = "_system"
@@ -500,29 +501,30 @@ class _OrgApplier:
         return _applied(rec, ev, IGNORED)  # another projector's event: archived, nothing more
 
     async def finish(self) -> None:
-        await self.flush()
-        dirty = [s for s in self.sessions.values() if s.dirty]
+        await self.flush(sessions=True)
+
+    async def flush(self, *, sessions: bool = False) -> None:
+        """Write the pending rows, and with `sessions` the sessions' chain state, in one round trip."""
+        pending, self.pending = self.pending, _Pending()
+        batch = StatementBatch()
+        if pending.items:
+            batch.add(_INSERT_ITEMS, self.org_id, *_columns(pending.items, 8))
+        if pending.versions:
+            batch.add(_INSERT_VERSIONS, self.org_id, *_columns(pending.versions.values(), 6))
+        if pending.events:
+            batch.add(_INSERT_EVENTS, self.org_id, *_columns(pending.events, 15))
+        if pending.memories:
+            batch.add(_INSERT_MEMORIES, self.org_id, *_columns(pending.memories, 14))
+        dirty = [s for s in self.sessions.values() if s.dirty] if sessions else []
         if dirty:
-            await self.conn.execute(_UPSERT_SESSIONS, self.org_id, *_columns(
+            batch.add(_UPSERT_SESSIONS, self.org_id, *_columns(
                 ((s.session_id, s.scope_path, s.pillar_id, s.team_id, s.scope_agent_id, s.genesis,
                   s.version, s.seq, s.max_seq, s.item_count, s.active_count, s.created_at,
                   s.updated_at, s.last_event_id) for s in dirty), 14))
-
-    async def flush(self) -> None:
-        pending, self.pending = self.pending, _Pending()
-        if not pending:
-            await self.chunks.flush()
-            return
-        if pending.items:
-            await self.conn.execute(_INSERT_ITEMS, self.org_id, *_columns(pending.items, 8))
-        if pending.versions:
-            await self.conn.execute(_INSERT_VERSIONS, self.org_id,
-                                    *_columns(pending.versions.values(), 6))
-        if pending.events:
-            await self.conn.execute(_INSERT_EVENTS, self.org_id, *_columns(pending.events, 15))
-        if pending.memories:
-            await self.conn.execute(_INSERT_MEMORIES, self.org_id, *_columns(pending.memories, 14))
-        await self.chunks.flush()
+        chunks = self.chunks.stage(batch)
+        rows = await batch.run(self.conn, chunks or "SELECT WHERE false")
+        if chunks:
+            await self.chunks.written(rows)
 
     # -- chain ------------------------------------------------------------------------------
 
