@@ -75,10 +75,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +122,10 @@ OUT_OF_SCOPE = "OUT_OF_SCOPE"
 IDEMPOTENCY_KEY_TAKEN = "IDEMPOTENCY_KEY_TAKEN"
 
 
+# What announces a committed batch: its results -> (channel, payloads) for pg_notify.
+Notify = Callable[[list["Applied"]], tuple[str, list[str]]]
+
+
 class ProjectionError(RuntimeError):
     """A record cannot be projected; the batch's transaction is rolled back."""
 
@@ -152,9 +157,11 @@ def session_key(org_id: str, session_id: str) -> str:
 
 
 async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
-                      projector: str = PROJECTOR, bulk: BulkLoad | None = None) -> list[Applied]:
+                      projector: str = PROJECTOR, bulk: BulkLoad | None = None,
+                      notify: Notify | None = None) -> list[Applied]:
     """Archive and project `records` (in log order per partition) in one transaction.
-    Returns one Applied per record, in input order. `bulk`: a replay into an empty database,
+    Returns one Applied per record, in input order. `notify` gives the (channel, payloads) that
+    announce the batch: sent with the offsets, delivered at commit. `bulk`: a replay into an empty database,
     which looks for no chunks to embed (the log holds their vectors) and leaves the retrieval
     statistics to `recount_statistics`."""
     if not records:
@@ -165,7 +172,9 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
     for i, ev in enumerate(events):
         by_org.setdefault(ev.scope.org_id, []).append(i)
     results: list[Applied | None] = [None] * len(records)
-    async with conn.transaction():
+    # The worker's caller may already hold a transaction; a nested one would cost a SAVEPOINT
+    # and its RELEASE, two round trips.
+    async with contextlib.nullcontext() if conn.is_in_transaction() else conn.transaction():
         for org_id, indexes in by_org.items():
             await _set_org(conn, org_id)
             fresh = await _archive(conn, org_id, [(records[i], events[i]) for i in indexes])
@@ -196,9 +205,10 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
                 if (r := results[i]) is not None and r.outcome == APPLIED and r.event_id in unembedded:
                     job = embedding_job(Scope(org_id), r.event_id, unembedded[r.event_id])
                     results[i] = dataclasses.replace(r, jobs=(*r.jobs, ("embedding", job)))
+        done = [r for r in results if r is not None]
         await _set_org(conn, SYSTEM_ORG)
-        await _save_offsets(conn, projector, records)
-    return [r for r in results if r is not None]
+        await _save_offsets(conn, projector, records, notify(done) if notify else None)
+    return done
 
 
 async def load_offsets(conn: asyncpg.Connection, projector: str = PROJECTOR) -> dict[tuple[str, int], int]:
@@ -660,15 +670,21 @@ class _OrgApplier:
         return _applied(rec, ev, APPLIED, sid, seq, version)
 
 
-async def _save_offsets(conn: asyncpg.Connection, projector: str, records: Sequence[LogRecord]) -> None:
+async def _save_offsets(conn: asyncpg.Connection, projector: str, records: Sequence[LogRecord],
+                        notifications: tuple[str, list[str]] | None) -> None:
     high: dict[tuple[str, int], int] = {}
     for r in records:
         key = (r.topic, r.partition)
         high[key] = max(high.get(key, -1), r.offset)
     topics, partitions, offsets = _columns(((t, p, o) for (t, p), o in high.items()), 3)
-    await conn.execute(
-        'INSERT INTO projector_offsets (org_id, projector, topic, partition, "offset") '
-        "SELECT $1, $2, u.* FROM unnest($3::text[], $4::int[], $5::bigint[]) AS u "
-        "ON CONFLICT (org_id, projector, topic, partition) DO UPDATE "
-        'SET "offset" = GREATEST(projector_offsets."offset", EXCLUDED."offset"), updated_at = now()',
-        SYSTEM_ORG, projector, topics, partitions, offsets)
+    batch = StatementBatch()
+    batch.add('INSERT INTO projector_offsets (org_id, projector, topic, partition, "offset") '
+              "SELECT $1, $2, u.* FROM unnest($3::text[], $4::int[], $5::bigint[]) AS u "
+              "ON CONFLICT (org_id, projector, topic, partition) DO UPDATE "
+              'SET "offset" = GREATEST(projector_offsets."offset", EXCLUDED."offset"), updated_at = now()',
+              SYSTEM_ORG, projector, topics, partitions, offsets)
+    if notifications:
+        channel, payloads = notifications
+        await batch.run(conn, "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", channel, payloads)
+    else:
+        await batch.run(conn)

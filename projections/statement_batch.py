@@ -38,9 +38,16 @@ class StatementBatch:
         self._args.extend(args)
         return name
 
-    async def run(self, conn: asyncpg.Connection, select: str = "SELECT WHERE false") -> list[asyncpg.Record]:
-        """Run every queued statement in one round trip; `select` reads their RETURNING rows
-        (e.g. "SELECT chunk_id FROM w3"), by default nothing."""
-        if not self._clauses:
+    async def run(self, conn: asyncpg.Connection, select: str = "SELECT WHERE false",
+                  *args: Any) -> list[asyncpg.Record]:
+        """Run every queued statement in one round trip. `select` is the query proper, with its
+        own placeholders for `args`: it reads the clauses' RETURNING rows (e.g. "SELECT chunk_id
+        FROM w3"), or does what a WITH clause cannot (a SELECT clause runs only if read); by
+        default nothing."""
+        if not self._clauses and not args and select == "SELECT WHERE false":
             return []
-        return await conn.fetch("WITH " + ",\n".join(self._clauses) + "\n" + select, *self._args)
+        offset = len(self._args)
+        query = _PLACEHOLDER.sub(lambda m: f"${int(m[1]) + offset}", select)
+        if self._clauses:
+            query = "WITH " + ",\n".join(self._clauses) + "\n" + query
+        return await conn.fetch(query, *self._args, *args)

@@ -253,11 +253,12 @@ async def _embed_orgs(p: EmbeddingPipeline, chunk_ids_by_org: dict[str, list[str
 
 async def project_batch(pool: asyncpg.Pool, records: list[LogRecord]) -> list[Applied]:
     """Apply one batch and announce its events, atomically: NOTIFY is delivered at commit."""
-    async with pool.acquire() as conn, conn.transaction():
-        applied = await apply_batch(conn, records)
-        for payload in archived_payloads([(a.event_id, a.outcome) for a in applied]):
-            await conn.execute("SELECT pg_notify($1, $2)", ARCHIVED_CHANNEL, payload)
-    return applied
+    async with pool.acquire() as conn:
+        return await apply_batch(conn, records, notify=_announce)
+
+
+def _announce(applied: list[Applied]) -> tuple[str, list[str]]:
+    return ARCHIVED_CHANNEL, archived_payloads([(a.event_id, a.outcome) for a in applied])
 
 
 def run_worker(settings: Settings, bootstrap: str) -> None:
