@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -262,8 +263,11 @@ class ChunkProjection:
     async def record_vectors(self, *, event_id: str, model_version: str,
                              vectors: Sequence[dict[str, str]], recorded_at: dt.datetime) -> None:
         """Apply `embedding.recorded`: payload vectors are {content_hash, vector (base64 f32 LE)}.
-        A bulk load only records them: `assign_recorded_vectors` gives every chunk its vector at
-        the end, in one pass instead of rewriting chunk rows batch by batch."""
+        Only recorded here: chunks written after this (in this batch too) take them on insert;
+        chunks already written get them from `assign_vectors_recorded_by` after the commit (the
+        worker's VectorAssigner), or, in a bulk load, from `assign_recorded_vectors` at the end.
+        Putting a vector into the HNSW graph costs ~1 ms; inside this transaction it held up
+        every acknowledgement of the batch."""
         if not model_version or not vectors:
             raise ValueError("embedding.recorded needs model_version and vectors")
         hashes = [str(v["content_hash"]) for v in vectors]
@@ -276,13 +280,6 @@ class ChunkProjection:
             "ON CONFLICT (org_id, content_hash, model_version) DO UPDATE "
             "SET embedding = EXCLUDED.embedding, recorded_at = EXCLUDED.recorded_at, event_id = EXCLUDED.event_id",
             self.org_id, model_version, hashes, arrays, recorded_at, event_id)
-        if self.bulk:
-            return
-        await self.conn.execute(
-            "UPDATE chunks c SET embedding = u.v, embedding_model = $2 "
-            "FROM unnest($3::text[], $4::vector[]) AS u(h, v) "
-            "WHERE c.org_id = $1 AND c.content_hash = u.h",
-            self.org_id, model_version, hashes, arrays)
         recorded = set(hashes)
         self.awaiting_vector = {c: h for c, h in self.awaiting_vector.items() if h not in recorded}
 
@@ -335,6 +332,19 @@ async def assign_recorded_vectors(conn: asyncpg.Connection, org_id: str) -> None
         "FROM (SELECT DISTINCT ON (content_hash) content_hash, embedding, model_version "
         "      FROM content_vectors WHERE org_id = $1 ORDER BY content_hash, recorded_at DESC) v "
         "WHERE c.org_id = $1 AND c.content_hash = v.content_hash", org_id)
+
+
+async def assign_vectors_recorded_by(conn: asyncpg.Connection, org_id: str, event_id: str) -> int:
+    """Give the org's chunks the vectors one `embedding.recorded` event recorded, where a later
+    event has not replaced them (applied in log order, the last recorded vector wins, as for a
+    chunk written after both). Returns how many chunks changed."""
+    status = await conn.execute(
+        "UPDATE chunks c SET embedding = cv.embedding, embedding_model = cv.model_version "
+        "FROM content_vectors cv "
+        "WHERE cv.org_id = $1 AND cv.event_id = $2 AND c.org_id = $1 AND c.content_hash = cv.content_hash "
+        "  AND (c.embedding IS DISTINCT FROM cv.embedding OR c.embedding_model IS DISTINCT FROM cv.model_version)",
+        org_id, uuid.UUID(event_id))
+    return int(status.split()[-1])
 
 
 async def recount_statistics(conn: asyncpg.Connection, org_id: str) -> None:

@@ -503,8 +503,6 @@ class _OrgApplier:
         if ev.type == MEMORY_SCRUBBED:
             return await self._scrubbed(rec, ev)
         if ev.type == EMBEDDING_RECORDED:
-            if not self.chunks.bulk:  # the vectors go to chunks already written
-                await self.flush()
             await self.chunks.record_vectors(event_id=ev.event_id, model_version=p["model_version"],
                                              vectors=p["vectors"], recorded_at=ev.occurred)
             return _applied(rec, ev, APPLIED)

@@ -38,11 +38,11 @@ from upsquad.context.v1 import stream_pb2
 
 from context_engine.concurrency import background_thread
 from context_engine.config import Settings
-from context_engine.events import Event
+from context_engine.events import EMBEDDING_RECORDED, Event
 from context_engine.inference.embedder import embedder_from_settings
 from context_engine.projections.database import create_pool, transaction_state_only
 from context_engine.projections.records import LogRecord
-from context_engine.projections.session_projector import Applied, apply_batch
+from context_engine.projections.session_projector import APPLIED, Applied, apply_batch
 from context_engine.streams.embedding_pipeline import EmbeddingPipeline
 from context_engine.streams.fetch_wait import AdaptiveFetchWait
 from context_engine.inference.pii_client import PiiClient
@@ -51,6 +51,7 @@ from context_engine.streams.jobs import baseline_sample, open_envelope, open_pii
 from context_engine.streams.pii_scanner import PiiScanner
 from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
 from context_engine.streams.topics import LogTopics, ensure_topics
+from context_engine.streams.vector_assigner import VectorAssigner
 
 log = structlog.get_logger("context_engine.worker")
 
@@ -126,10 +127,10 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     holder: dict[str, object] = {}
 
     async def pool() -> asyncpg.Pool:
-        if "pool" not in holder:
-            holder["pool"] = await create_pool(settings.database_url, org_scoped=False,
-                                               min_size=1, max_size=4, reset=transaction_state_only)
-        return holder["pool"]
+        if "pool" not in holder:  # a task, so that agents starting together share one pool
+            holder["pool"] = asyncio.ensure_future(create_pool(
+                settings.database_url, org_scoped=False, min_size=1, max_size=5, reset=transaction_state_only))
+        return await holder["pool"]  # type: ignore[misc]
 
     async def send_event(event: Event) -> None:
         delivered = await events_topic.send(key=event.aggregate.encode(), value=event.to_bytes())
@@ -157,13 +158,22 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
             holder["scanner"] = PiiScanner(await pool(), client, send_event)
         return holder["scanner"]  # type: ignore[return-value]
 
+    async def vector_assigner() -> VectorAssigner:
+        db = await pool()  # before the check: the agent and the task must share one queue
+        if "assigner" not in holder:
+            holder["assigner"] = VectorAssigner(db)
+        return holder["assigner"]  # type: ignore[return-value]
+
     @app.agent(events_topic, name="session-projector")
     async def session_projector(stream):
         db = await pool()
+        assigner = await vector_assigner()
         async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
             records = [LogRecord(e.message.topic, e.message.partition, e.message.offset, e.value)
                        for e in batch]
             for applied in await project_batch(db, records):
+                if applied.type == EMBEDDING_RECORDED and applied.outcome == APPLIED:
+                    assigner.put(applied.org_id, applied.event_id)
                 for kind, job in applied.jobs:
                     await job_topics[kind].send(key=job.key, value=job.value)
 
@@ -222,6 +232,10 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         # Only work older than any queued job should be: a sweep of younger chunks would embed
         # again what the agents are about to (measured: it doubled the work under a backlog).
         await sweep(dt.timedelta(seconds=SWEEP_MIN_AGE_S))
+
+    @app.task
+    async def assign_vectors():
+        await (await vector_assigner()).run()
 
     @app.task
     async def sweep_at_start():

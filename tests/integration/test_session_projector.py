@@ -3,6 +3,7 @@ replay. Tests share one migrated database and keep apart by org id; replay gets 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import random
 import uuid
@@ -27,7 +28,8 @@ from context_engine.events import (
 )
 from context_engine.hashing import chain, genesis_version, next_version, sha256_hex
 from context_engine.projections import queries
-from context_engine.projections.database import init_connection
+from context_engine.projections.chunk_projection import assign_vectors_recorded_by
+from context_engine.projections.database import create_pool, init_connection
 from context_engine.projections.migrate import migrate
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import (
@@ -44,6 +46,7 @@ from context_engine.projections.session_projector import (
 )
 from context_engine.scope import Scope
 from context_engine.streams.embedding_pipeline import recorded_event
+from context_engine.streams.vector_assigner import VectorAssigner
 
 pytestmark = pytest.mark.integration
 
@@ -589,9 +592,13 @@ async def test_identical_content_is_embedded_once(conn: asyncpg.Connection) -> N
     again, other = ingest(org, "s2", "the same words"), ingest(org, "s3", "other words")
     assert jobs(await apply_batch(conn, log.append(recorded, again, other))) == {
         recorded.event_id: [], again.event_id: [], other.event_id: ["embedding"]}
+    # The chunk written before the vector was recorded gets it after the commit, as the worker's
+    # VectorAssigner does; the one written after took it on insert.
+    assert await in_org(conn, org, assign_vectors_recorded_by, recorded.event_id) == 1
     late = ingest(org, "s4", "words recorded in the same batch")
     answer = recorded_event(org, "model-x", [(sha256_hex(b"words recorded in the same batch"), vector)])
     assert jobs(await apply_batch(conn, log.append(late, answer))) == {late.event_id: [], answer.event_id: []}
+    assert await in_org(conn, org, assign_vectors_recorded_by, answer.event_id) == 0  # written with it
 
     async with conn.transaction():
         await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
@@ -600,3 +607,26 @@ async def test_identical_content_is_embedded_once(conn: asyncpg.Connection) -> N
     assert [tuple(r) for r in rows] == [
         ("other words", None, False), ("the same words", "model-x", True), ("the same words", "model-x", True),
         ("words recorded in the same batch", "model-x", True)]
+
+
+async def test_the_vector_assigner_gives_way_to_a_locked_chunk(conn: asyncpg.Connection, db_url: str) -> None:
+    """The worker's VectorAssigner never holds up the projector: a chunk another transaction has
+    locked (say, a rollback in progress) makes it give up after its lock timeout, leaving the
+    chunk to the backlog sweep; once the lock is gone it assigns."""
+    await init_connection(conn)
+    org, log = new_org(), Log()
+    turn = ingest(org, "s", "a locked turn")
+    await apply_batch(conn, log.append(turn))
+    recorded = recorded_event(org, "model-x", [(sha256_hex(b"a locked turn"), np.ones(384, dtype=np.float32))])
+    await apply_batch(conn, log.append(recorded))
+    pool = await create_pool(db_url, org_scoped=False, min_size=1, max_size=2)
+    assigner = VectorAssigner(pool, lock_timeout_ms=50, attempts=2, retry_after_s=0.01)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
+            await conn.execute("SELECT 1 FROM chunks WHERE org_id = $1 FOR UPDATE", org)
+            assert await asyncio.wait_for(assigner.assign(org, recorded.event_id), timeout=5) == 0
+        assert await assigner.assign(org, recorded.event_id) == 1
+        assert await assigner.assign(org, recorded.event_id) == 0  # already there: nothing rewritten
+    finally:
+        await pool.close()
