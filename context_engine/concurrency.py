@@ -28,16 +28,23 @@ async def alongside(work: Awaitable[T]) -> AsyncIterator[asyncio.Future[T]]:
             task.exception()
 
 
-def background_thread(name: str, niceness: int) -> ThreadPoolExecutor:
-    """One thread for CPU-heavy background work (the worker's batch embedder), `niceness` steps
-    below the process's priority: Linux schedules threads, not processes, and keeps a nice value
-    per thread, which threads it starts (onnxruntime's intra-op pool) inherit. Foreground work on
-    the same cores (projecting the events a client waits for, PostgreSQL, the broker) then runs
-    first, and the background thread takes what is left. 0 leaves the priority alone."""
+def background_thread(name: str, niceness: int, *, idle: bool = False) -> ThreadPoolExecutor:
+    """One thread for CPU-heavy background work (the worker's batch embedder), below the
+    process's priority: Linux schedules threads, not processes, and keeps a priority per thread,
+    which threads it starts (onnxruntime's intra-op pool) inherit. Foreground work on the same
+    cores (projecting the events a client waits for, PostgreSQL, the broker) then runs first, and
+    the background thread takes what is left.
+
+    `niceness` steps down (0 leaves the nice value alone); `idle` puts the thread in Linux's
+    SCHED_IDLE class instead, which yields to every normal thread as soon as it wakes: a nice
+    value only shrinks the thread's share, so a woken foreground thread can still wait behind it
+    for a slice (measured: docs/operations.md, "Background embedding")."""
 
     def lower_priority() -> None:
+        tid = threading.get_native_id()
         if niceness and hasattr(os, "setpriority"):
-            tid = threading.get_native_id()
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+        if idle and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
 
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=lower_priority)

@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     # 0-19; 0 = same priority). Embedding is background work, ~5 ms of CPU per chunk, that took a
     # core beside the projections under an ingest burst (docs/operations.md).
     embedding_niceness: int = Field(default=10, ge=0, le=19)
+    # Run it in Linux's SCHED_IDLE class: it gets a core only when no other thread wants one
+    # (docs/operations.md, "Background embedding"). Ignored where the OS has no such class.
+    embedding_idle_priority: bool = True
     embed_cache_ttl_days: int = 30
     embedding_batch_size: int = 64
 

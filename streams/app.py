@@ -140,7 +140,8 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     # blocked event loop misses the consumer's heartbeats (a 2 s session) under CPU load. Loaded on
     # the thread it runs on, below the projectors' priority, so that onnxruntime's threads inherit
     # that priority too (docs/operations.md, "Background embedding").
-    embedding_thread = background_thread("embedder", settings.embedding_niceness)
+    embedding_thread = background_thread("embedder", settings.embedding_niceness,
+                                         idle=settings.embedding_idle_priority)
     embedder = embedding_thread.submit(embedder_from_settings, settings, executor=embedding_thread).result()
 
     async def pipeline() -> EmbeddingPipeline:

@@ -71,3 +71,17 @@ def test_niceness_zero_leaves_the_priority_alone():
     caller = _nice(threading.get_native_id())
     with background_thread("test-background", 0) as pool:
         assert pool.submit(lambda: _nice(threading.get_native_id())).result() == caller
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling classes")
+def test_an_idle_background_thread_and_the_threads_it_starts_are_in_sched_idle():
+    def policies() -> tuple[int, int]:
+        seen = []
+        child = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))
+        child.start()
+        child.join()
+        return os.sched_getscheduler(0), seen[0]
+
+    with background_thread("test-idle", 0, idle=True) as pool:
+        assert pool.submit(policies).result() == (os.SCHED_IDLE, os.SCHED_IDLE)
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own class is untouched
