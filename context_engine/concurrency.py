@@ -45,6 +45,7 @@ def background_thread(name: str, niceness: int, *, idle: bool = False) -> Thread
         if niceness and hasattr(os, "setpriority"):
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
         if idle and hasattr(os, "SCHED_IDLE"):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+            with contextlib.suppress(OSError):  # a sandbox may refuse it: the nice value still holds
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
 
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=lower_priority)

@@ -106,6 +106,7 @@ class ChunkProjection:
         self.added_by: dict[str, str] = {}  # chunk id -> the event that added it in this batch
         self.awaiting_vector: dict[str, str] = {}  # of those, searchable without a vector -> content hash
         self._to_copy: list[tuple] | None = None  # postings a bulk load COPYs after the batch
+        self.recorded: set[str] = set()  # content hashes whose vectors this batch recorded
 
     def add(self, *, event_id: str, source_kind: str, session_id: str | None, scope_path: str,
             content: bytes, metadata: dict[str, Any], created_at: dt.datetime,
@@ -197,7 +198,7 @@ class ChunkProjection:
             self.org_id, ids, flags)
         for r in rows:
             if (cid := str(r["chunk_id"])) in self.added_by:
-                if r["searchable"] and r["unembedded"]:
+                if r["searchable"] and r["unembedded"] and r["content_hash"] not in self.recorded:
                     self.awaiting_vector[cid] = r["content_hash"]
                 else:
                     self.awaiting_vector.pop(cid, None)
@@ -274,14 +275,19 @@ class ChunkProjection:
         # Binary, through pgvector's codec on the connection: formatting 384 floats as text per
         # vector was a tenth of replay's time.
         arrays = [Vector(vector_from_b64(v["vector"])) for v in vectors]  # not sequences: one element each
-        await self.conn.execute(
+        batch = StatementBatch()
+        batch.add(
             "INSERT INTO content_vectors (org_id, content_hash, model_version, embedding, recorded_at, event_id) "
             "SELECT $1, u.h, $2, u.v, $5, $6 FROM unnest($3::text[], $4::vector[]) AS u(h, v) "
             "ON CONFLICT (org_id, content_hash, model_version) DO UPDATE "
             "SET embedding = EXCLUDED.embedding, recorded_at = EXCLUDED.recorded_at, event_id = EXCLUDED.event_id",
             self.org_id, model_version, hashes, arrays, recorded_at, event_id)
-        recorded = set(hashes)
-        self.awaiting_vector = {c: h for c, h in self.awaiting_vector.items() if h not in recorded}
+        if not self.bulk:  # the worker's VectorAssigner takes it from here, after the commit
+            batch.add("INSERT INTO vector_assignments (org_id, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                      self.org_id, event_id)
+        await batch.run(self.conn)
+        self.recorded.update(hashes)
+        self.awaiting_vector = {c: h for c, h in self.awaiting_vector.items() if h not in self.recorded}
 
 
 _INSERT_POSTINGS = """
@@ -318,7 +324,7 @@ FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::int[
           content_hash, token_count, term_count, metadata, created_at, active, pii_status)
 LEFT JOIN LATERAL (SELECT embedding, model_version FROM content_vectors cv
                    WHERE cv.org_id = $1 AND cv.content_hash = u.content_hash
-                   ORDER BY recorded_at DESC LIMIT 1) v ON true
+                   ORDER BY recorded_at DESC, model_version DESC LIMIT 1) v ON true
 ON CONFLICT (chunk_id) DO NOTHING
 RETURNING chunk_id, content_hash, embedding IS NULL AND searchable AS awaiting_vector
 """
@@ -330,21 +336,34 @@ async def assign_recorded_vectors(conn: asyncpg.Connection, org_id: str) -> None
     await conn.execute(
         "UPDATE chunks c SET embedding = v.embedding, embedding_model = v.model_version "
         "FROM (SELECT DISTINCT ON (content_hash) content_hash, embedding, model_version "
-        "      FROM content_vectors WHERE org_id = $1 ORDER BY content_hash, recorded_at DESC) v "
+        "      FROM content_vectors WHERE org_id = $1 ORDER BY content_hash, recorded_at DESC, model_version DESC) v "
         "WHERE c.org_id = $1 AND c.content_hash = v.content_hash", org_id)
 
 
 async def assign_vectors_recorded_by(conn: asyncpg.Connection, org_id: str, event_id: str) -> int:
-    """Give the org's chunks the vectors one `embedding.recorded` event recorded, where a later
-    event has not replaced them (applied in log order, the last recorded vector wins, as for a
-    chunk written after both). Returns how many chunks changed."""
+    """Give the org's chunks the vectors one `embedding.recorded` event recorded, for each content
+    where that vector is still the latest recorded (by recorded_at, then model version: what a
+    chunk written now would take, and what a replay assigns), so the order in which events are
+    assigned, or whether an earlier one was assigned at all, does not matter. Returns how many
+    chunks changed."""
     status = await conn.execute(
         "UPDATE chunks c SET embedding = cv.embedding, embedding_model = cv.model_version "
         "FROM content_vectors cv "
         "WHERE cv.org_id = $1 AND cv.event_id = $2 AND c.org_id = $1 AND c.content_hash = cv.content_hash "
-        "  AND (c.embedding IS DISTINCT FROM cv.embedding OR c.embedding_model IS DISTINCT FROM cv.model_version)",
+        "  AND (c.embedding IS DISTINCT FROM cv.embedding OR c.embedding_model IS DISTINCT FROM cv.model_version) "
+        "  AND NOT EXISTS (SELECT 1 FROM content_vectors later "
+        "                  WHERE later.org_id = $1 AND later.content_hash = cv.content_hash "
+        "                    AND (later.recorded_at, later.model_version) > (cv.recorded_at, cv.model_version))",
         org_id, uuid.UUID(event_id))
+    await conn.execute("DELETE FROM vector_assignments WHERE org_id = $1 AND event_id = $2", org_id, uuid.UUID(event_id))
     return int(status.split()[-1])
+
+
+async def pending_vector_assignments(conn: asyncpg.Connection) -> list[tuple[str, str]]:
+    """(org, event) of every `embedding.recorded` whose vectors are not yet assigned; read under
+    app.org_id '_system'."""
+    return [(r["org_id"], str(r["event_id"])) for r in await conn.fetch(
+        "SELECT org_id, event_id FROM vector_assignments ORDER BY org_id, event_id")]
 
 
 async def recount_statistics(conn: asyncpg.Connection, org_id: str) -> None:

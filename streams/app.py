@@ -127,7 +127,8 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     holder: dict[str, object] = {}
 
     async def pool() -> asyncpg.Pool:
-        if "pool" not in holder:  # a task, so that agents starting together share one pool
+        failed = "pool" in holder and holder["pool"].done() and holder["pool"].exception() is not None  # type: ignore[attr-defined]
+        if "pool" not in holder or failed:  # a task, so that agents starting together share one pool
             holder["pool"] = asyncio.ensure_future(create_pool(
                 settings.database_url, org_scoped=False, min_size=1, max_size=5, reset=transaction_state_only))
         return await holder["pool"]  # type: ignore[misc]
@@ -236,7 +237,10 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
 
     @app.task
     async def assign_vectors():
-        await (await vector_assigner()).run()
+        assigner = await vector_assigner()
+        if left := await assigner.resume():
+            log.info("resuming vector assignments", events=left)
+        await assigner.run()
 
     @app.task
     async def sweep_at_start():

@@ -154,14 +154,16 @@ async def replay(records: AsyncIterator[list[LogRecord]], target_admin_url: str,
                     if progress:
                         progress(len(batch))
             finally:  # a replay cut short still leaves a schema the stack can serve from
-                for org_id in sorted(orgs - {SYSTEM_ORG}):
-                    async with conn.transaction():
-                        await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
-                        await assign_recorded_vectors(conn, org_id)
-                        await recount_statistics(conn, org_id)
-                await conn.execute(f"SET maintenance_work_mem = '{BUILD_MEMORY_MB}MB'")
-                for _drop, create in deferred:
-                    await conn.execute(create)
+                try:
+                    for org_id in sorted(orgs - {SYSTEM_ORG}):
+                        async with conn.transaction():
+                            await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
+                            await assign_recorded_vectors(conn, org_id)
+                            await recount_statistics(conn, org_id)
+                finally:
+                    await conn.execute(f"SET maintenance_work_mem = '{BUILD_MEMORY_MB}MB'")
+                    for _drop, create in deferred:
+                        await conn.execute(create)
             return ReplayReport(count, time.monotonic() - started)
     finally:
         await pool.close()

@@ -4,15 +4,17 @@ The projector records an event's vectors (`content_vectors`) in its batch's tran
 chunks written from then on take them on insert. Chunks written before need an UPDATE, and each
 updated chunk goes into the HNSW graph (~1 ms a vector here): inside the projector's
 transaction a batch holding 64 vectors took 80-150 ms instead of ~15, and every acknowledgement
-in it waited. So the worker hands each applied `embedding.recorded` to this assigner, which runs
-them one at a time, in log order (so the last recorded vector wins, as live and replay agree), each
-in a transaction of its own on another connection.
+in it waited. So the projector only notes the event in `vector_assignments` (same transaction),
+the worker hands it to this assigner after the commit, and the assigner gives the vectors to the
+chunks in a transaction of its own on another connection, removing the note in it. Assignment
+is order-independent (a vector is given only where it is still the latest recorded for its
+content, `chunk_projection.assign_vectors_recorded_by`), so live read models equal a replay's
+whatever the order or the retries.
 
-It never holds up the projector: its transaction gives up a row lock after `lock_timeout_ms`
-(a rollback in the projector may hold some of the same chunks) and tries again a few times.
-What it does not finish (a crash, a lock never free, PostgreSQL down) is found again by the
-embedding backlog sweep: the chunks still lack a vector from the running model, and the pipeline
-records the known vector again without recomputing it.
+It never waits long on the projector: its transaction gives up a row lock after
+`lock_timeout_ms` (a rollback in the projector may hold some of the same chunks) and tries again
+a few times. A note it could not finish stays in `vector_assignments`; a worker starting again
+resumes every note left (`resume`).
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import asyncio
 import asyncpg
 import structlog
 
-from context_engine.projections.chunk_projection import assign_vectors_recorded_by
+from context_engine.projections.chunk_projection import assign_vectors_recorded_by, pending_vector_assignments
 
 log = structlog.get_logger("context_engine.vectors")
+
+SYSTEM_ORG = "_system"
 
 
 class VectorAssigner:
@@ -40,27 +44,36 @@ class VectorAssigner:
         """An `embedding.recorded` event the projector has committed."""
         self._queue.put_nowait((org_id, event_id))
 
+    async def resume(self) -> int:
+        """Queue every assignment a previous run left; returns how many."""
+        async with self.pool.acquire() as conn, conn.transaction(readonly=True):
+            await conn.execute("SELECT set_config('app.org_id', $1, true)", SYSTEM_ORG)
+            left = await pending_vector_assignments(conn)
+        for org_id, event_id in left:
+            self.put(org_id, event_id)
+        return len(left)
+
     async def run(self) -> None:
         while True:
             org_id, event_id = await self._queue.get()
             try:
                 await self.assign(org_id, event_id)
-            except Exception:  # never stop assigning; the sweep covers this one
+            except Exception:  # never stop assigning; the note stays for the next start
                 log.exception("vector assignment failed", org_id=org_id, event_id=event_id)
 
     async def assign(self, org_id: str, event_id: str) -> int:
-        """Returns how many chunks got a vector; 0 when it gave up (the sweep will come)."""
+        """Returns how many chunks got a vector; 0 when it gave up (the note stays)."""
         for attempt in range(1, self.attempts + 1):
             try:
                 async with self.pool.acquire() as conn, conn.transaction():
                     await conn.execute("SELECT set_config('app.org_id', $1, true), set_config('lock_timeout', $2, true)",
                                        org_id, f"{self.lock_timeout_ms}ms")
                     return await assign_vectors_recorded_by(conn, org_id, event_id)
-            except asyncpg.LockNotAvailableError:
+            except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError):
                 await asyncio.sleep(self.retry_after_s * attempt)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                log.exception("vectors not assigned; left for the backlog sweep", org_id=org_id, event_id=event_id)
+                log.exception("vectors not assigned; left for the next start", org_id=org_id, event_id=event_id)
                 return 0
-        log.warning("vectors not assigned: chunks stayed locked; left for the backlog sweep",
+        log.warning("vectors not assigned: chunks stayed locked; left for the next start",
                     org_id=org_id, event_id=event_id, attempts=self.attempts)
         return 0

@@ -626,7 +626,33 @@ async def test_the_vector_assigner_gives_way_to_a_locked_chunk(conn: asyncpg.Con
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
             await conn.execute("SELECT 1 FROM chunks WHERE org_id = $1 FOR UPDATE", org)
             assert await asyncio.wait_for(assigner.assign(org, recorded.event_id), timeout=5) == 0
-        assert await assigner.assign(org, recorded.event_id) == 1
-        assert await assigner.assign(org, recorded.event_id) == 0  # already there: nothing rewritten
+        # The note the projector left stays until the vectors are assigned: a worker starting
+        # again resumes it.
+        restarted = VectorAssigner(pool)
+        assert await restarted.resume() == 1
+        assert await restarted.assign(org, recorded.event_id) == 1
+        assert await restarted.resume() == 0
+        assert await restarted.assign(org, recorded.event_id) == 0  # already there: nothing rewritten
     finally:
         await pool.close()
+
+
+async def test_vector_assignment_order_does_not_matter(conn: asyncpg.Connection) -> None:
+    """With two models' vectors recorded for one content, a chunk ends with the latest recorded,
+    whichever event the assigner takes first: what a chunk written afterwards takes and what a
+    replay assigns."""
+    await init_connection(conn)
+    org, log = new_org(), Log()
+    await apply_batch(conn, log.append(ingest(org, "s", "one content, two models")))
+    content = sha256_hex(b"one content, two models")
+    older = recorded_event(org, "model-a", [(content, np.full(384, 0.1, dtype=np.float32))])
+    await asyncio.sleep(0.01)
+    newer = recorded_event(org, "model-b", [(content, np.full(384, 0.2, dtype=np.float32))])
+    await apply_batch(conn, log.append(older, newer))
+    assert await in_org(conn, org, assign_vectors_recorded_by, newer.event_id) == 1
+    assert await in_org(conn, org, assign_vectors_recorded_by, older.event_id) == 0  # not the latest
+    await apply_batch(conn, log.append(ingest(org, "s2", "one content, two models")))
+    async with conn.transaction():
+        await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
+        assert [r["embedding_model"] for r in await conn.fetch(
+            "SELECT embedding_model FROM chunks WHERE org_id = $1", org)] == ["model-b", "model-b"]
