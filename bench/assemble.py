@@ -211,8 +211,9 @@ async def closed_loop(c: Caller, clients: int, seconds: float) -> Phase:
 
 async def load_tests(stack: Stack, qs: list[str], sessions: list[str], args) -> list[Phase]:
     prefix = "\n\n".join(LAYERS[level] for level in sorted(LAYERS))
-    async with spread_stub(stack.address, args.connections) as stub:
-        token = stack.token(ORG, pillar=PILLAR, team=TEAM, agent=AGENT)
+    token = stack.token(ORG, pillar=PILLAR, team=TEAM, agent=AGENT)
+    scope = {"org_id": ORG, "pillar_id": PILLAR, "team_id": TEAM, "agent_id": AGENT}
+    async with spread_stub(stack, args.connections, token, scope) as stub:
         c = Caller(stub, token, qs, sessions, args.budget, args.timeout, prefix)
         phases = [await first_calls(c, 8)]
         print(phases[-1].line(), file=sys.stderr, flush=True)

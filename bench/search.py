@@ -189,8 +189,9 @@ async def closed_loop(s: Searcher, clients: int, seconds: float) -> Phase:
 
 
 async def load_tests(stack: Stack, qs: list[str], args) -> list[Phase]:
-    async with spread_stub(stack.address, args.connections) as stub:
-        s = Searcher(stub, stack.token(ORG), qs, args.top_k, args.min_score, args.timeout)
+    token = stack.token(ORG)
+    async with spread_stub(stack, args.connections, token, {"org_id": ORG}) as stub:
+        s = Searcher(stub, token, qs, args.top_k, args.min_score, args.timeout)
         warm = Phase("warm-up", None, 0)
         for _ in range(20):
             await s.call(warm, s.next_request(), asyncio.get_running_loop().time())
