@@ -8,11 +8,14 @@ chunks appear atomically with the event that produced them and replay rebuilds t
   its PII status (quarantined chunks are kept but not searchable; a rescan replaces them);
 - `session.rolled_back` -> the chunks of items leaving the state become inactive (and those of
   items coming back, active again);
-- `embedding.recorded` -> `content_vectors` rows, and the vector on every chunk of the org with
-  that content hash. A new chunk takes its vector from `content_vectors` when its content was
-  embedded before (content-hash dedup), so only content never seen gets an EmbeddingJob, and
-  replay restores vectors without recomputing them: both orders of "chunk, then its vector" and
-  "vector, then a chunk with that content" end in the same rows.
+- `embedding.recorded` -> `content_vectors` rows, and a `vector_assignments` note: after the
+  commit the worker's VectorAssigner gives the vectors to every chunk of the org with that
+  content hash (`assign_vectors_recorded_by`; a bulk load does it once at the end instead). A
+  new chunk takes its vector from `content_vectors` on insert when its content was embedded
+  before (content-hash dedup), so only content never seen gets an EmbeddingJob, and replay
+  restores vectors without recomputing them: both orders of "chunk, then its vector" and
+  "vector, then a chunk with that content" end in the same rows (the latest recorded vector of
+  the content).
 
 Chunking follows `retrieval.chunking` (a conversation turn stays one chunk unless it is longer
 than 256 cl100k tokens); the chunk's domain is the source's `metadata["domain"]` ("" = none).

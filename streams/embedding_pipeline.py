@@ -5,9 +5,10 @@ The worker's agents call this. For a set of chunks it:
    for chunks a newer job already covered, embeds nothing: idempotent);
 2. takes vectors already recorded for the same content (content-hash dedup, `content_vectors`)
    and embeds only the content never seen, in batches;
-3. appends one `embedding.recorded` event per batch to the domain log. The projector applies it
-   (`chunk_projection.record_vectors`), so vectors are facts in the log: replay restores them
-   without recomputing, and only a reindex recomputes.
+3. appends one `embedding.recorded` event per batch to the domain log. The projector records it
+   (`chunk_projection.record_vectors`) and the worker's VectorAssigner gives the vectors to the
+   chunks after the commit, so vectors are facts in the log: replay restores them without
+   recomputing, and only a reindex recomputes.
 
 A job lost between the projector's commit and its publication costs nothing: `backlog()` finds
 chunks without a vector (the worker sweeps at start and periodically) — the job stream is
