@@ -28,7 +28,7 @@ from upsquad.context.v1 import context_pb2_grpc
 from context_engine.auth import ensure_dev_key, mint_token
 from context_engine.streams.replay import create_database, read_archive, read_log, replay
 
-from common import Stack, machine, percentile
+from common import Histogram, ServerMetrics, Stack, free_port, machine, percentile
 
 
 async def drive(port: int, token: str, org: str, clients: int, seconds: float, payload: bytes) -> list[float]:
@@ -104,6 +104,8 @@ def main() -> None:
                     for name, value in (s.split("=", 1) for s in args.setting))
 
     home = pathlib.Path(tempfile.mkdtemp(prefix="context-engine-bench-"))
+    worker_metrics = ServerMetrics([free_port()])
+    settings.setdefault("CONTEXT_ENGINE_WORKER_METRICS_PORT", str(worker_metrics.ports[0]))
     stack = Stack(home, settings=settings)
     try:
         stack.wait_serving()
@@ -112,7 +114,9 @@ def main() -> None:
         token = mint_token(ensure_dev_key(home / "keys" / "jwt-hs256.key"), org=org, clearance=1,
                            ttl=__import__("datetime").timedelta(hours=2))
         payload = (b'{"role": "user", "text": "' + b"x" * max(0, args.payload_bytes - 30) + b'"}')
+        before = worker_metrics.snapshot()
         latencies = asyncio.run(drive(stack.api_port, token, org, args.clients, args.seconds, payload))
+        after = worker_metrics.snapshot()
         lags = asyncio.run(lag(endpoints["database_url"], org))
         rates = asyncio.run(replay_rates(endpoints, "context-engine.events"))
     finally:
@@ -130,8 +134,28 @@ def main() -> None:
     lag_ms = [x * 1000 for x in lags]
     print(f"projection lag ms (archived_at - occurred_at): p50 {percentile(lag_ms, 50):.1f}  "
           f"p95 {percentile(lag_ms, 95):.1f}")
+    for line in worker_lines(worker_metrics, before, after, args.seconds):
+        print(line)
     for name, (events, rate) in rates.items():
         print(f"replay from {name}: {events} events at {rate:,.0f} events/s")
+
+
+def worker_lines(metrics: ServerMetrics, before, after, seconds: float) -> list[str]:
+    """What the worker reported over the load phase (its /metrics, context_engine/metrics.py)."""
+    def one(name: str) -> Histogram:
+        return next(iter(metrics.histograms(before, after, name).values()), Histogram())
+
+    batches, events = one("context_engine_projector_batch_seconds"), one("context_engine_projector_batch_events")
+    assign, embed = one("context_engine_vector_assignment_seconds"), one("context_engine_embedding_batch_seconds")
+    texts = after.get(("context_engine_embedded_texts_total", ()), 0.0) - before.get(("context_engine_embedded_texts_total", ()), 0.0)
+    return [
+        f"projector (worker-side): {batches.count:,.0f} batches, {events.total / max(events.count, 1):.1f} events "
+        f"each; batch ms mean {batches.mean_ms:.1f} p50 {batches.quantile_ms(.5):.1f} p95 {batches.quantile_ms(.95):.1f}; "
+        f"busy {batches.total / seconds:.0%} of the run",
+        f"vector assignments after the commit: {assign.count:,.0f}, ms mean {assign.mean_ms:.1f} "
+        f"p95 {assign.quantile_ms(.95):.1f}; embedder: {texts:,.0f} texts in {embed.count:,.0f} batches "
+        f"({texts / seconds:.0f} texts/s against {events.total / seconds:.0f} events/s projected)",
+    ]
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     # Prometheus /metrics of the API (context_engine/metrics.py): 0 picks a free port, -1 turns
     # it off. With api_processes > 1, process i listens on metrics_port + i.
     metrics_port: int = Field(default=9464, ge=-1)
+    # Prometheus /metrics of the stream worker (projector batches, vector assignments, embedding):
+    # -1 = off (the default: `up` and the tests run workers beside each other), 0 = a free port.
+    worker_metrics_port: int = Field(default=-1, ge=-1)
     # API processes sharing api_port (SO_REUSEPORT; the kernel spreads connections over them),
     # so the API's Python work is not bound to one core. A channel stays on one process.
     api_processes: int = Field(default=1, ge=1, le=64)

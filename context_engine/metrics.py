@@ -1,8 +1,12 @@
-"""Prometheus metrics of the API process: every RPC's duration and status, and the time of each
-stage of the two query paths (Search and AssembleContext), so where a call spends its time is
-read from the running service, not reconstructed by a benchmark.
+"""Prometheus metrics, so where the service spends its time is read from the running service,
+not reconstructed by a benchmark.
 
-Exposed over HTTP at `metrics_port` (`/metrics`, the Prometheus text format); docs/operations.md.
+- The API process: every RPC's duration and status, and the time of each stage of the two query
+  paths (Search and AssembleContext); at `metrics_port`.
+- The stream worker: the projector's batches (time, events), the vector assignments after its
+  commits, and the embedder's batches; at `worker_metrics_port`.
+
+Exposed over HTTP (`/metrics`, the Prometheus text format); docs/operations.md.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 # Sub-millisecond to seconds: the stages of one query are fractions of a millisecond to tens.
 _BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.035, 0.05,
@@ -29,6 +33,34 @@ STAGE_SECONDS = Histogram(
 RETRIEVAL_PASSES = Counter(
     "context_engine_retrieval_passes_total",
     "Retrieval passes run; broadened = the confidence gate's second, wider pass.", ["pass"])
+
+
+# -- the stream worker ----------------------------------------------------------------------
+
+PROJECTOR_BATCH_SECONDS = Histogram(
+    "context_engine_projector_batch_seconds",
+    "Time of one projector batch: its transaction (archive, read models, offsets, NOTIFY) to the commit.",
+    buckets=_BUCKETS)
+
+PROJECTOR_BATCH_EVENTS = Histogram(
+    "context_engine_projector_batch_events", "Events in one projector batch.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+
+VECTOR_ASSIGNMENT_SECONDS = Histogram(
+    "context_engine_vector_assignment_seconds",
+    "Time to give one embedding.recorded event's vectors to the chunks already written.",
+    buckets=_BUCKETS)
+
+VECTOR_ASSIGNMENTS_WAITING = Gauge(
+    "context_engine_vector_assignments_waiting",
+    "embedding.recorded events committed whose vectors the worker has yet to give to chunks.")
+
+EMBEDDING_BATCH_SECONDS = Histogram(
+    "context_engine_embedding_batch_seconds", "Time of one batch of the worker's embedder.",
+    buckets=_BUCKETS)
+
+EMBEDDED_TEXTS = Counter(
+    "context_engine_embedded_texts_total", "Contents the worker's embedder computed (not reused).")
 
 
 @contextlib.contextmanager

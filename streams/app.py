@@ -40,6 +40,7 @@ from context_engine.concurrency import background_thread
 from context_engine.config import Settings
 from context_engine.events import EMBEDDING_RECORDED, Event
 from context_engine.inference.embedder import embedder_from_settings
+from context_engine.metrics import PROJECTOR_BATCH_EVENTS, PROJECTOR_BATCH_SECONDS, serve_metrics
 from context_engine.projections.database import create_pool, transaction_state_only
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import APPLIED, Applied, apply_batch
@@ -272,8 +273,10 @@ async def _embed_orgs(p: EmbeddingPipeline, chunk_ids_by_org: dict[str, list[str
 
 async def project_batch(pool: asyncpg.Pool, records: list[LogRecord]) -> list[Applied]:
     """Apply one batch and announce its events, atomically: NOTIFY is delivered at commit."""
-    async with pool.acquire() as conn:
-        return await apply_batch(conn, records, notify=_announce)
+    PROJECTOR_BATCH_EVENTS.observe(len(records))
+    with PROJECTOR_BATCH_SECONDS.time():
+        async with pool.acquire() as conn:
+            return await apply_batch(conn, records, notify=_announce)
 
 
 def _announce(applied: list[Applied]) -> tuple[str, list[str]]:
@@ -282,6 +285,9 @@ def _announce(applied: list[Applied]) -> tuple[str, list[str]]:
 
 def run_worker(settings: Settings, bootstrap: str) -> None:
     """Run the worker until SIGTERM/SIGINT (Faust's Worker owns signal handling)."""
+    if settings.worker_metrics_port >= 0:
+        port = serve_metrics(settings.api_host, settings.worker_metrics_port)
+        log.info("worker metrics", url=f"http://{settings.api_host}:{port}/metrics")
     asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(settings).partitions))
     app = create_app(settings, bootstrap)
     worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True)

@@ -28,6 +28,7 @@ import structlog
 
 from context_engine.events import EMBEDDING_RECORDED, Event, embedding_aggregate
 from context_engine.inference.embedder import Embedder
+from context_engine.metrics import EMBEDDED_TEXTS, EMBEDDING_BATCH_SECONDS
 from context_engine.projections.chunk_projection import vector_to_b64
 from context_engine.projections.database import org_transaction
 from context_engine.scope import Scope
@@ -117,7 +118,9 @@ class EmbeddingPipeline:
         todo = [h for h in texts if h not in known]
         for start in range(0, len(todo), self.batch_size):
             batch = todo[start:start + self.batch_size]
-            vectors = await self.embedder.embed([texts[h] for h in batch])
+            with EMBEDDING_BATCH_SECONDS.time():
+                vectors = await self.embedder.embed([texts[h] for h in batch])
+            EMBEDDED_TEXTS.inc(len(batch))
             known.update(zip(batch, vectors))
         hashes = list(texts)
         for start in range(0, len(hashes), self.batch_size):

@@ -24,6 +24,7 @@ import asyncio
 import asyncpg
 import structlog
 
+from context_engine.metrics import VECTOR_ASSIGNMENT_SECONDS, VECTOR_ASSIGNMENTS_WAITING
 from context_engine.projections.chunk_projection import assign_vectors_recorded_by, pending_vector_assignments
 
 log = structlog.get_logger("context_engine.vectors")
@@ -43,6 +44,7 @@ class VectorAssigner:
     def put(self, org_id: str, event_id: str) -> None:
         """An `embedding.recorded` event the projector has committed."""
         self._queue.put_nowait((org_id, event_id))
+        VECTOR_ASSIGNMENTS_WAITING.inc()
 
     async def resume(self) -> int:
         """Queue every assignment a previous run left; returns how many."""
@@ -57,9 +59,12 @@ class VectorAssigner:
         while True:
             org_id, event_id = await self._queue.get()
             try:
-                await self.assign(org_id, event_id)
+                with VECTOR_ASSIGNMENT_SECONDS.time():
+                    await self.assign(org_id, event_id)
             except Exception:  # never stop assigning; the note stays for the next start
                 log.exception("vector assignment failed", org_id=org_id, event_id=event_id)
+            finally:
+                VECTOR_ASSIGNMENTS_WAITING.dec()
 
     async def assign(self, org_id: str, event_id: str) -> int:
         """Returns how many chunks got a vector; 0 when it gave up (the note stays)."""
