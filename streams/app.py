@@ -291,4 +291,8 @@ def run_worker(settings: Settings, bootstrap: str) -> None:
     asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(settings).partitions))
     app = create_app(settings, bootstrap)
     worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True)
+    # Faust's terminal spinner: at WARNING or above it sets the root logger to DEBUG so that every
+    # record turns it, and then every debug call of aiokafka and Faust builds a LogRecord (5 % of
+    # the worker's event loop under ingest load, py-spy). A supervised worker has no terminal.
+    worker.spinner = None
     worker.execute_from_commandline()
