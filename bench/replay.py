@@ -21,7 +21,6 @@ import pathlib
 import time
 from collections.abc import AsyncIterator
 
-import asyncpg
 from asyncpg.connection import Connection
 
 from context_engine.projections.records import LogRecord
@@ -65,25 +64,19 @@ async def first(batches: AsyncIterator[list[LogRecord]], limit: int | None) -> A
             return
 
 
-async def run(database_url: str, topic: str, limit: int | None) -> tuple[int, float]:
+async def run(database_url: str, topic: str, limit: int | None) -> tuple[int, int, float]:
+    """(events archived, events replayed, seconds)."""
     target = await create_database(database_url, "bench_replay")
+    archived: list[int] = []
     try:
         STATEMENTS.clear()
-        report = await replay(first(read_archive(database_url, topic), limit), target)
-        return report.events, report.seconds
+        report = await replay(first(read_archive(database_url, topic, on_total=archived.append), limit), target)
+        return archived[0], report.events, report.seconds
     finally:
         measured = dict(STATEMENTS)
         await drop_database(database_url, target)
         STATEMENTS.clear()
         STATEMENTS.update(measured)
-
-
-async def archived(database_url: str, topic: str) -> int:
-    conn = await asyncpg.connect(database_url)
-    try:
-        return await conn.fetchval("SELECT count(*) FROM event_archive WHERE topic = $1", topic)
-    finally:
-        await conn.close()
 
 
 def main() -> None:
@@ -100,10 +93,9 @@ def main() -> None:
         stack.wait_serving(timeout=600)
         wait_quiet(stack)
         database_url = stack.endpoints()["database_url"]
-        total = asyncio.run(archived(database_url, topic))
         load = load_average()
         time_statements()
-        events, seconds = asyncio.run(run(database_url, topic, args.limit))
+        total, events, seconds = asyncio.run(run(database_url, topic, args.limit))
     finally:
         stack.stop()
 

@@ -68,7 +68,7 @@ async def create_pool(url: str, *, org_scoped: bool = True, min_size: int = 1, m
     return pool
 
 
-_SETTING_NAME = re.compile(r"[a-z_]+\.[a-z_]+")
+_SETTING_NAME = re.compile(r"[a-z_]+(\.[a-z_]+)?")  # app.org_id, hnsw.ef_search, lock_timeout
 
 
 async def transaction_state_only(conn: asyncpg.Connection) -> None:
@@ -82,7 +82,8 @@ async def transaction_state_only(conn: asyncpg.Connection) -> None:
 async def org_transaction(pool: asyncpg.Pool, org_id: str, *, readonly: bool = False,
                           local: Mapping[str, str] | None = None) -> AsyncIterator[asyncpg.Connection]:
     """A connection inside a transaction in which `app.org_id` = org_id (transaction-local),
-    and each setting of `local` too (e.g. `hnsw.ef_search`), all set in one round trip."""
+    and each setting of `local` too (e.g. `hnsw.ef_search`, `lock_timeout`), all set in one round
+    trip."""
     if not org_id:
         raise ValueError("org_id is required")
     names = ["app.org_id", *(local or {})]

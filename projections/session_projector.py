@@ -107,7 +107,7 @@ from context_engine.streams.jobs import JobMessage, compaction_job, embedding_jo
 from .chunk_projection import SEMANTIC, BulkLoad, ChunkProjection
 from .guardrail_projection import apply_guardrail_published
 from .records import LogRecord
-from .statement_batch import StatementBatch
+from .statement_batch import NOTHING, StatementBatch
 
 PROJECTOR = "session"
 SYSTEM_ORG = "_system"
@@ -530,7 +530,7 @@ class _OrgApplier:
                   s.version, s.seq, s.max_seq, s.item_count, s.active_count, s.created_at,
                   s.updated_at, s.last_event_id) for s in dirty), 14))
         chunks = self.chunks.stage(batch)
-        rows = await batch.run(self.conn, chunks or "SELECT WHERE false")
+        rows = await batch.run(self.conn, chunks or NOTHING)
         if chunks:
             await self.chunks.written(rows)
 

@@ -19,6 +19,11 @@ from typing import Any
 import asyncpg
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
+NOTHING = "SELECT WHERE false"  # the query proper when no clause's rows are read
+
+
+def _shifted(sql: str, offset: int) -> str:
+    return _PLACEHOLDER.sub(lambda m: f"${int(m[1]) + offset}", sql)
 
 
 class StatementBatch:
@@ -26,28 +31,21 @@ class StatementBatch:
         self._clauses: list[str] = []
         self._args: list[Any] = []
 
-    def __bool__(self) -> bool:
-        return bool(self._clauses)
-
     def add(self, sql: str, *args: Any) -> str:
         """Queue a statement; returns the name of its WITH clause (to read its RETURNING rows)."""
-        offset = len(self._args)
         name = f"w{len(self._clauses)}"
-        body = _PLACEHOLDER.sub(lambda m: f"${int(m[1]) + offset}", sql.strip())
-        self._clauses.append(f"{name} AS ({body})")
+        self._clauses.append(f"{name} AS ({_shifted(sql.strip(), len(self._args))})")
         self._args.extend(args)
         return name
 
-    async def run(self, conn: asyncpg.Connection, select: str = "SELECT WHERE false",
-                  *args: Any) -> list[asyncpg.Record]:
+    async def run(self, conn: asyncpg.Connection, select: str = NOTHING, *args: Any) -> list[asyncpg.Record]:
         """Run every queued statement in one round trip. `select` is the query proper, with its
         own placeholders for `args`: it reads the clauses' RETURNING rows (e.g. "SELECT chunk_id
         FROM w3"), or does what a WITH clause cannot (a SELECT clause runs only if read); by
         default nothing."""
-        if not self._clauses and not args and select == "SELECT WHERE false":
+        if not self._clauses and select == NOTHING:
             return []
-        offset = len(self._args)
-        query = _PLACEHOLDER.sub(lambda m: f"${int(m[1]) + offset}", select)
+        query = _shifted(select, len(self._args))
         if self._clauses:
             query = "WITH " + ",\n".join(self._clauses) + "\n" + query
         return await conn.fetch(query, *self._args, *args)

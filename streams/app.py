@@ -128,11 +128,12 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     holder: dict[str, object] = {}
 
     async def pool() -> asyncpg.Pool:
-        failed = "pool" in holder and holder["pool"].done() and holder["pool"].exception() is not None  # type: ignore[attr-defined]
-        if "pool" not in holder or failed:  # a task, so that agents starting together share one pool
-            holder["pool"] = asyncio.ensure_future(create_pool(
+        task = holder.get("pool")
+        if task is None or (task.done() and task.exception() is not None):  # type: ignore[attr-defined]
+            # A task, so that agents starting together share one pool; again if it failed.
+            task = holder["pool"] = asyncio.ensure_future(create_pool(
                 settings.database_url, org_scoped=False, min_size=1, max_size=5, reset=transaction_state_only))
-        return await holder["pool"]  # type: ignore[misc]
+        return await task  # type: ignore[misc]
 
     async def send_event(event: Event) -> None:
         delivered = await events_topic.send(key=event.aggregate.encode(), value=event.to_bytes())

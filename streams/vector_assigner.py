@@ -26,10 +26,10 @@ import structlog
 
 from context_engine.metrics import VECTOR_ASSIGNMENT_SECONDS, VECTOR_ASSIGNMENTS_WAITING
 from context_engine.projections.chunk_projection import assign_vectors_recorded_by, pending_vector_assignments
+from context_engine.projections.database import org_transaction
+from context_engine.projections.session_projector import SYSTEM_ORG
 
 log = structlog.get_logger("context_engine.vectors")
-
-SYSTEM_ORG = "_system"
 
 
 class VectorAssigner:
@@ -48,8 +48,7 @@ class VectorAssigner:
 
     async def resume(self) -> int:
         """Queue every assignment a previous run left; returns how many."""
-        async with self.pool.acquire() as conn, conn.transaction(readonly=True):
-            await conn.execute("SELECT set_config('app.org_id', $1, true)", SYSTEM_ORG)
+        async with org_transaction(self.pool, SYSTEM_ORG, readonly=True) as conn:
             left = await pending_vector_assignments(conn)
         for org_id, event_id in left:
             self.put(org_id, event_id)
@@ -70,9 +69,7 @@ class VectorAssigner:
         """Returns how many chunks got a vector; 0 when it gave up (the note stays)."""
         for attempt in range(1, self.attempts + 1):
             try:
-                async with self.pool.acquire() as conn, conn.transaction():
-                    await conn.execute("SELECT set_config('app.org_id', $1, true), set_config('lock_timeout', $2, true)",
-                                       org_id, f"{self.lock_timeout_ms}ms")
+                async with org_transaction(self.pool, org_id, local={"lock_timeout": f"{self.lock_timeout_ms}ms"}) as conn:
                     return await assign_vectors_recorded_by(conn, org_id, event_id)
             except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError):
                 await asyncio.sleep(self.retry_after_s * attempt)
