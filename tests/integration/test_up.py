@@ -57,6 +57,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def command_line(pid: int) -> list[str]:
+    """A process's arguments, or none if it has exited since it was listed (postgres workers come and go)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+    except OSError:
+        return []
+
+
 def free_port_pair() -> int:
     """A port p with p + 1 free too (process i of the API serves metrics on p + i)."""
     for _ in range(50):
@@ -208,8 +216,7 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         assert asyncio.run(run_sql(up.database_url(), "SELECT to_regclass('kept_across_runs')::text")) \
             == "kept_across_runs"
         tree = descendants(up.proc.pid)
-        api_pid = next(pid for pid in tree if "serve" in pathlib.Path(f"/proc/{pid}/cmdline").read_text()
-                       and "api" in pathlib.Path(f"/proc/{pid}/cmdline").read_text().split("\0"))
+        api_pid = next(pid for pid in tree if {"serve", "api"} <= set(command_line(pid)))
         os.kill(api_pid, signal.SIGKILL)
         output = up.finish(timeout=30)
     finally:
