@@ -252,7 +252,7 @@ async def _retrieve(deps: Deps, scope, task: str, floor: float, top_k: int) -> t
     if not task.strip():
         return None, "no task_description: recency-only context"
     try:
-        return await search(deps.pool, deps.embedder, scope, SearchQuery(query=task, top_k=top_k), floor), ""
+        return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task, top_k=top_k), floor), ""
     except DomainError as exc:
         if isinstance(exc, InvalidArgument):
             raise InvalidArgument("task_description", exc.message) from exc

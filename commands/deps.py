@@ -11,6 +11,7 @@ from context_engine.commands.session_access import SessionOwners
 from context_engine.config import Settings
 from context_engine.events import Event
 from context_engine.inference.embedder import Embedder
+from context_engine.inference.query_vectors import QueryVectors
 from context_engine.streams.freshness import SessionFreshness
 from context_engine.streams.log import ArchiveWatch, EventLog
 
@@ -24,6 +25,7 @@ class Deps:
     pool: asyncpg.Pool
     owners: SessionOwners
     embedder: Embedder
+    query_vectors: QueryVectors
 
     async def append(self, event: Event, session_key: str) -> str | None:
         """Append and return once the event is archived and projected: the acknowledgement point.

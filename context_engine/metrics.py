@@ -34,6 +34,11 @@ RETRIEVAL_PASSES = Counter(
     "context_engine_retrieval_passes_total",
     "Retrieval passes run; broadened = the confidence gate's second, wider pass.", ["pass"])
 
+QUERY_VECTORS = Counter(
+    "context_engine_query_vectors_total",
+    "Query embeddings of Search and AssembleContext: computed by the model, or remembered (same org, same text).",
+    ["source"])
+
 
 # -- the stream worker ----------------------------------------------------------------------
 

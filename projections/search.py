@@ -39,7 +39,7 @@ import orjson
 
 from context_engine.concurrency import alongside
 from context_engine.errors import InvalidArgument
-from context_engine.inference.embedder import Embedder
+from context_engine.inference.query_vectors import QueryVectors
 from context_engine.metrics import RETRIEVAL_PASSES, timed
 from context_engine.projections.database import org_transaction
 from context_engine.projections.retrieval.bm25 import (
@@ -112,26 +112,25 @@ def validate(q: SearchQuery) -> tuple[str, str]:
     return query, domain
 
 
-async def search(pool: asyncpg.Pool, embedder: Embedder, scope: Scope, q: SearchQuery,
+async def search(pool: asyncpg.Pool, query_vectors: QueryVectors, scope: Scope, q: SearchQuery,
                  tenant_min_score: float, *, now: dt.datetime | None = None) -> SearchOutcome:
     query, domain = validate(q)
     top_k = resolve_top_k(q.top_k)
     floor = resolve_min_score(q.min_score, tenant_min_score)
     # The query embedding runs on its own thread while the lexical leg's statement runs.
-    async with alongside(_embed_query(embedder, query)) as embedding:
-        retriever = _Retriever(pool, scope, domain, analyze(query), embedding, embedder.model_version,
+    async with alongside(_embed_query(query_vectors, scope.org_id, query)) as embedding:
+        retriever = _Retriever(pool, scope, domain, analyze(query), embedding, query_vectors.model_version,
                                now or dt.datetime.now(dt.UTC))
         first = Pool(vector_k=max(MIN_POOL, 2 * top_k), bm25_k=max(MIN_POOL, 2 * top_k))
         gate = await retrieve_with_gate_async(retriever.run, floor, first)
     with timed("search", "classify"):
         result = classify(gate.candidates, floor, top_k)
-    return SearchOutcome(result, gate.expansion_applied, embedder.model_version)
+    return SearchOutcome(result, gate.expansion_applied, query_vectors.model_version)
 
 
-async def _embed_query(embedder: Embedder, query: str) -> np.ndarray:
+async def _embed_query(query_vectors: QueryVectors, org_id: str, query: str) -> np.ndarray:
     with timed("search", "query_embedding"):
-        # pooled connections carry pgvector's codec, which takes float32 arrays
-        return np.asarray((await embedder.embed([query]))[0], dtype=np.float32)
+        return await query_vectors.vector(org_id, query)
 
 
 # The visible corpus's N, total length and the query terms' df (maintained by the projector), and

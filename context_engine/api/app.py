@@ -18,6 +18,7 @@ from context_engine.commands.deps import Deps
 from context_engine.commands.session_access import SessionOwners
 from context_engine.config import Settings
 from context_engine.inference.coalescing_embedder import CoalescingEmbedder
+from context_engine.inference.query_vectors import QueryVectors
 from context_engine.inference.embedder import embedder_from_settings
 from context_engine.metrics import serve_metrics
 from context_engine.projections.database import create_pool
@@ -64,7 +65,7 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
         await event_log.start()
         await watch.start()
         yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool,
-                   SessionOwners(pool), embedder)
+                   SessionOwners(pool), embedder, QueryVectors(embedder, settings.query_vectors_remembered))
     finally:
         await embedder.aclose()
         await watch.stop()

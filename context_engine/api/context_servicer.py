@@ -103,7 +103,7 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
 
     async def Search(self, request: pb.SearchRequest, context) -> pb.SearchResponse:
         principal = current_principal()
-        outcome = await search(self.deps.pool, self.deps.embedder, principal.scope, SearchQuery(
+        outcome = await search(self.deps.pool, self.deps.query_vectors, principal.scope, SearchQuery(
             query=request.query, domain=request.domain, top_k=request.top_k, min_score=request.min_score),
             self.deps.settings.tenant_min_score(principal.scope.org_id))
         r = outcome.result

@@ -12,6 +12,7 @@ import asyncpg
 import grpc
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.inference.tokens import count_tokens
@@ -133,6 +134,24 @@ async def test_outcomes_and_the_below_threshold_denominator(corpus):
     assert none_clear.outcome == BELOW and not none_clear.results
     assert none_clear.results_below_threshold == total
     assert none_clear.effective_min_score == pytest.approx(0.9999)
+
+
+def query_vectors(source: str) -> float:
+    return REGISTRY.get_sample_value("context_engine_query_vectors_total", {"source": source}) or 0.0
+
+
+async def test_a_repeated_query_reuses_its_vector_within_the_org_only(corpus, engine):
+    org, caller = corpus
+    query = f"What did Melanie paint? {unique('q')}"
+    computed, remembered = query_vectors("computed"), query_vectors("remembered")
+    first = await search(caller, query)
+    again = await search(caller, query)
+    assert (query_vectors("computed"), query_vectors("remembered")) == (computed + 1, remembered + 1)
+    assert first.results and [r.chunk_id for r in again.results] == [r.chunk_id for r in first.results]
+    # the same cosines and BM25; only the recency term moves with the clock between the calls
+    assert [r.score for r in again.results] == pytest.approx([r.score for r in first.results], abs=1e-6)
+    await search(engine.caller(unique("org"), clearance=1), query)  # another org: its own run
+    assert (query_vectors("computed"), query_vectors("remembered")) == (computed + 2, remembered + 1)
 
 
 async def test_no_results_in_an_empty_corpus(engine):

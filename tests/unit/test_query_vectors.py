@@ -1,0 +1,66 @@
+"""QueryVectors: a query's vector is computed once per (org, text), then remembered — least
+recently used out first, never shared between orgs, nothing remembered at capacity 0."""
+
+import numpy as np
+import pytest
+
+from context_engine.inference.query_vectors import QueryVectors
+from tests.unit.test_coalescing_embedder import RecordingModel
+
+
+async def test_the_same_text_in_the_same_org_runs_the_model_once():
+    model = RecordingModel()
+    vectors = QueryVectors(model, capacity=8)
+    first = await vectors.vector("acme", "where is the invoice")
+    again = await vectors.vector("acme", "where is the invoice")
+    assert model.runs == [["where is the invoice"]]
+    assert again.tolist() == first.tolist() == RecordingModel.vector("where is the invoice")
+    assert again.dtype == np.float32
+    assert vectors.model_version == model.model_version
+
+
+async def test_another_org_asking_the_same_text_gets_its_own_run():
+    model = RecordingModel()
+    vectors = QueryVectors(model, capacity=8)
+    await vectors.vector("acme", "same words")
+    await vectors.vector("globex", "same words")
+    assert model.runs == [["same words"], ["same words"]]
+
+
+async def test_the_least_recently_used_text_goes_first():
+    model = RecordingModel()
+    vectors = QueryVectors(model, capacity=2)
+    for text in ["a", "b", "a", "c", "a", "b"]:  # "b" is out when "c" comes in; "a" stays
+        await vectors.vector("acme", text)
+    assert model.runs == [["a"], ["b"], ["c"], ["b"]]
+
+
+async def test_capacity_zero_runs_the_model_every_time():
+    model = RecordingModel()
+    vectors = QueryVectors(model, capacity=0)
+    await vectors.vector("acme", "q")
+    await vectors.vector("acme", "q")
+    assert model.runs == [["q"], ["q"]]
+
+
+async def test_a_remembered_vector_cannot_be_changed_by_a_caller():
+    vectors = QueryVectors(RecordingModel(), capacity=8)
+    vector = await vectors.vector("acme", "q")
+    with pytest.raises(ValueError):
+        vector[0] = 0.0
+    assert (await vectors.vector("acme", "q")).tolist() == RecordingModel.vector("q")
+
+
+async def test_a_failed_run_is_not_remembered():
+    model = RecordingModel(fail_on="bad")
+    vectors = QueryVectors(model, capacity=8)
+    with pytest.raises(RuntimeError):
+        await vectors.vector("acme", "bad")
+    with pytest.raises(RuntimeError):
+        await vectors.vector("acme", "bad")
+    assert model.runs == [["bad"], ["bad"]]
+
+
+def test_a_negative_capacity_is_refused():
+    with pytest.raises(ValueError, match="capacity"):
+        QueryVectors(RecordingModel(), capacity=-1)
