@@ -53,7 +53,8 @@ from upsquad.context.v1 import context_pb2_grpc
 from context_engine.inference import tokens as tokens_mod
 
 from common import (Stack, add_load_options, drive_closed_loop, drive_open_loop, load_average, machine, measured,
-                    one_at_a_time, percentile, print_stage_tables, spread_stub, wait_for_vectors, wait_quiet)
+                    one_at_a_time, percentile, print_stage_tables, spread_stub, stack_settings, wait_for_vectors,
+                    wait_quiet)
 from search import ORG, make_corpus, present_seqs, questions
 from search import ingest as load_chunks
 
@@ -269,7 +270,7 @@ def main() -> None:
     created = args.home is None or not args.home.exists()
     home = args.home or pathlib.Path(tempfile.mkdtemp(prefix="context-engine-assemble-"))
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="context-engine-assemble-layers-"))
-    stack = Stack(home, api_processes=args.api_processes)
+    stack = Stack(home, api_processes=args.api_processes, settings=stack_settings(args))
     report: dict[str, object] = {}
     try:
         stack.wait_serving()
@@ -317,7 +318,8 @@ def main() -> None:
           f"pgvector, tansu, MiniLM-L6 int8; caller {ORG}/{PILLAR}/{TEAM}/{AGENT}; layers L1-L4 "
           f"{'/'.join(map(str, layer_tokens))} tokens; budget {args.budget}, model_id {MODEL!r}, server defaults "
           f"(savings sampled 5 %); client in the same machine (one process, grpc.aio, calls spread over "
-          f"{args.connections} connections); {args.api_processes} API process(es)")
+          f"{args.connections} connections); {args.api_processes} API process(es)"
+          + "".join(f", {k}={v}" for k, v in stack_settings(args).items()))
     if todo:
         print(f"load: {len(todo):,} IngestEvent calls ({args.ingest_concurrency} in flight) in {ingest_s:.0f} s; "
               f"every chunk embedded {embed_tail_s:.0f} s after the last ack")

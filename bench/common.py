@@ -430,12 +430,16 @@ def stage_table(metrics: ServerMetrics, before, after, operations: tuple[str, ..
                      f"{h.quantile_ms(.95):>9.2f}{share:>8.0%}")
     lines.append(f"{'whole RPC handler':<36}{rpc_h.count:>8.0f}{rpc_h.mean_ms:>9.2f}{rpc_h.quantile_ms(.5):>9.2f}"
                  f"{rpc_h.quantile_ms(.95):>9.2f}")
-    def passes(kind: str) -> float:
-        key = ("context_engine_retrieval_passes_total", (("pass", kind),))
+    def counted(metric: str, label: str, value: str) -> float:
+        key = (metric, ((label, value),))
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    first, broadened = passes("first"), passes("broadened")
+    first, broadened = (counted("context_engine_retrieval_passes_total", "pass", p) for p in ("first", "broadened"))
     lines.append(f"retrieval passes: {first:.0f} first, {broadened:.0f} broadened by the confidence gate")
+    computed, remembered = (counted("context_engine_query_vectors_total", "source", s)
+                            for s in ("computed", "remembered"))
+    lines.append(f"query vectors: {computed:.0f} computed by the model, {remembered:.0f} remembered "
+                 f"(same org and text as an earlier call in the same API process)")
     if len(metrics.ports) > 1:
         calls = metrics.calls_per_process(before, after, rpc_method)
         lines.append("calls per API process: " + " / ".join(f"{c:.0f}" for c in calls))
@@ -487,6 +491,18 @@ def add_load_options(parser, *, clients: list[int], unit: str) -> None:
     parser.add_argument("--closed-seconds", type=float, default=20.0)
     parser.add_argument("--timeout", type=float, default=30.0, help="per call, seconds")
     parser.add_argument("--json", type=pathlib.Path, default=None)
+    add_setting_option(parser)
+
+
+def add_setting_option(parser) -> None:
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a CONTEXT_ENGINE_* setting for the stack, e.g. QUERY_VECTORS_REMEMBERED=0 (repeatable)")
+
+
+def stack_settings(args) -> dict[str, str]:
+    """--setting NAME=VALUE options as the stack's environment (CONTEXT_ENGINE_ prefix optional)."""
+    return dict(("CONTEXT_ENGINE_" + name.removeprefix("CONTEXT_ENGINE_").upper(), value)
+                for name, value in (s.split("=", 1) for s in args.setting))
 
 
 def add_locomo_options(parser) -> None:

@@ -28,7 +28,7 @@ from upsquad.context.v1 import context_pb2_grpc
 from context_engine.auth import ensure_dev_key, mint_token
 from context_engine.streams.replay import create_database, read_archive, read_log, replay
 
-from common import Histogram, ServerMetrics, Stack, free_port, machine, percentile
+from common import Histogram, ServerMetrics, Stack, add_setting_option, free_port, machine, percentile, stack_settings
 
 
 async def drive(port: int, token: str, org: str, clients: int, seconds: float, payload: bytes) -> list[float]:
@@ -97,11 +97,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--payload-bytes", type=int, default=200)
-    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
-                        help="a CONTEXT_ENGINE_* setting for the stack, e.g. EMBEDDING_BATCH_SIZE=32 (repeatable)")
+    add_setting_option(parser)
     args = parser.parse_args()
-    settings = dict(("CONTEXT_ENGINE_" + name.removeprefix("CONTEXT_ENGINE_").upper(), value)
-                    for name, value in (s.split("=", 1) for s in args.setting))
+    settings = stack_settings(args)
 
     home = pathlib.Path(tempfile.mkdtemp(prefix="context-engine-bench-"))
     worker_metrics = ServerMetrics([free_port()])

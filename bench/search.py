@@ -56,7 +56,7 @@ from context_engine.inference.tokens import count_tokens
 
 from common import (LOCOMO_DIR, RETRIES, Stack, add_load_options, call_with_retry, drive_closed_loop, drive_open_loop,
                     load_average, load_locomo, machine, measured, one_at_a_time, percentile, print_stage_tables,
-                    spread_stub, wait_for_vectors, wait_quiet)
+                    spread_stub, stack_settings, wait_for_vectors, wait_quiet)
 
 ORG = "bench-search"
 
@@ -238,7 +238,7 @@ def main() -> None:
     qs = questions()
     created = args.home is None or not args.home.exists()
     home = args.home or pathlib.Path(tempfile.mkdtemp(prefix="context-engine-search-"))
-    stack = Stack(home, api_processes=args.api_processes)
+    stack = Stack(home, api_processes=args.api_processes, settings=stack_settings(args))
     report: dict[str, object] = {}
     try:
         stack.wait_serving()
@@ -259,7 +259,7 @@ def main() -> None:
         for n, segment in enumerate(segments):
             if n:
                 stack.stop()
-                stack = Stack(home, api_processes=args.api_processes)
+                stack = Stack(home, api_processes=args.api_processes, settings=stack_settings(args))
                 stack.wait_serving()
                 database_url = stack.endpoints()["database_url"]
                 wait_quiet(stack, timeout=4 * 3600)
@@ -310,7 +310,8 @@ def main() -> None:
               f"IngestEvent retries {dict(RETRIES) or 'none'}")
     print(f"Search: top_k {args.top_k}, min_score {args.min_score or 'server default'}, queries = the "
           f"{len(qs):,} LoCoMo questions shuffled; client in the same machine (one process, grpc.aio, calls "
-          f"spread over {args.connections} connections); {args.api_processes} API process(es)")
+          f"spread over {args.connections} connections); {args.api_processes} API process(es)"
+          + "".join(f", {k}={v}" for k, v in stack_settings(args).items()))
     print()
     for phase in phases:
         print(phase.line())
