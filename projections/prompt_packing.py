@@ -19,8 +19,14 @@ Budget (tokens of the whole prompt with the target model's encoding), by priorit
 4. history newest first: taken while it fits, stopping at the first that does not (a contiguous
    recent window), then put back in chronological order. A turn already in the prompt as a
    retrieved chunk is not repeated.
-Block costs are counted one by one; the final prompt is counted once more and, if the encoder
-merged differently across a boundary, the lowest-priority block is dropped until it fits.
+A block costs the tokens of its text with the separator after it: the encoders split before a
+block's first character, and a separator after punctuation merges into it (cl100k: ".\n\n" is one
+token), so these costs add up to the prompt's count in the common case (counting the separator
+apart over-counted ~1 token a block, ~95 at a 4,000-token budget, which the fill below then
+recovered with a count of the whole prompt per block). The final prompt is counted once more
+and, if the encoder merged differently across a boundary, the lowest-priority block is dropped
+until it fits; what is left is filled in the same priority order, each addition checked by a
+count of the whole prompt.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ HEADINGS = {
     "history": "## Recent conversation",
 }
 TAIL_ORDER = ("required", "retrieved", "history")
+# A block whose estimated cost is over the slack by more than this is not tried in the fill: one
+# token for the trailing separator `used` counts, one for a merge across the block's boundary.
+FILL_TOLERANCE = 2
 
 Count = Callable[[str], int]
 
@@ -91,15 +100,15 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
          count: Count) -> Packed:
     if budget < 1:
         raise InvalidArgument("token_budget", f"must be a positive number of tokens, got {budget}")
-    sep = count(SEPARATOR)
-
     def cost(text: str) -> int:
-        return count(text) + sep
+        return count(text + SEPARATOR)
 
-    used = sum(cost(b.text) for b in layers)
-    if used - (sep if layers else 0) > budget:
-        raise BudgetError(f"the guardrail layers alone need {used - sep} tokens, more than the budget "
+    if layers and (alone := count(SEPARATOR.join(b.text for b in layers))) > budget:
+        raise BudgetError(f"the guardrail layers alone need {alone} tokens, more than the budget "
                           f"of {budget}; layers are never cut")
+    # `used` includes a separator after the last block, which the prompt does not have: at most
+    # a token too many, so a block is never taken on an estimate that leaves the budget.
+    used = sum(cost(b.text) for b in layers)
     chosen: list[Block] = list(layers)
     for kind, group in (("pinned", pinned), ("required", required)):
         if not group:
@@ -153,7 +162,8 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
     older = [b for b in history_newest_first if ("history", b.key) not in taken_keys
              and not (b.source and b.source in {x.source for x in blocks if x.kind == "retrieved"})]
     for b in [*fill, *older]:
-        if count(b.text) > slack + 4:
+        heading = 0 if any(x.kind == b.kind for x in blocks) else cost(HEADINGS[b.kind])
+        if cost(b.text) + heading > slack + FILL_TOLERANCE:
             if b.kind == "history":
                 break
             continue

@@ -90,3 +90,24 @@ def test_a_retrieved_turn_is_not_repeated_in_history():
 
 def test_same_inputs_same_bytes():
     assert packed(300).prompt == packed(300).prompt
+
+
+def test_block_costs_add_up_so_the_whole_prompt_is_counted_about_once():
+    # Sentences end in punctuation, which cl100k merges with the separator after it (".\n\n" is
+    # one token): counting the separator apart over-counted a token a block, and the fill then
+    # recounted the whole prompt for each block it added back.
+    retrieved = [block("retrieved", f"Caroline said the support group met on day {i}.", score=1 - i / 1000,
+                       source=f"r{i}") for i in range(300)]
+    whole_prompt_counts = 0
+
+    def counting(text: str) -> int:
+        nonlocal whole_prompt_counts
+        whole_prompt_counts += text.startswith(LAYERS[0].text) and len(text) > 1000
+        return count(text)
+
+    p = pack(layers=LAYERS, pinned=[], required=[], retrieved=retrieved, history_newest_first=[],
+             budget=2000, count=counting)
+    assert p.tokens == count(p.prompt) <= 2000
+    left = [b for b in retrieved if b not in p.blocks]
+    assert left and all(count(p.prompt + SEPARATOR + b.text) > 2000 for b in left[:20])  # nothing else fits
+    assert whole_prompt_counts <= 2
