@@ -7,10 +7,14 @@ text and the running model, so a remembered one is exactly what a new run would 
 
 Entries are per org, like the Embed RPC's cache: one shared across tenants would let a tenant
 learn from a faster answer that another tenant had asked the same text. Least recently used
-out first; `capacity` 0 remembers nothing. One process's memory only, never persisted.
+out first; `capacity` 0 remembers nothing. One process's memory only, never persisted. A text is
+kept as its SHA-256, so a full memo stays ~1.7 KB an entry at 384-d whatever the queries' length
+(they may be 16 KB each).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import cachetools
 import numpy as np
@@ -25,16 +29,17 @@ class QueryVectors:
             raise ValueError("capacity must be >= 0")
         self.embedder = embedder
         self.model_version = embedder.model_version
-        self._remembered: cachetools.LRUCache[tuple[str, str], np.ndarray] | None = (
+        self._remembered: cachetools.LRUCache[tuple[str, bytes], np.ndarray] | None = (
             cachetools.LRUCache(maxsize=capacity) if capacity else None)
 
     async def vector(self, org_id: str, text: str) -> np.ndarray:
         """The text's float32 vector (the pooled connections' pgvector codec takes float32)."""
-        key = (org_id, text)
+        key = (org_id, hashlib.sha256(text.encode("utf-8")).digest())
         if self._remembered is not None and (found := self._remembered.get(key)) is not None:
             QUERY_VECTORS.labels("remembered").inc()
             return found
-        vector = np.asarray((await self.embedder.embed([text]))[0], dtype=np.float32)
+        # a copy: the row is a view of the whole model run's array, which would stay alive with it
+        vector = np.array((await self.embedder.embed([text]))[0], dtype=np.float32)
         vector.setflags(write=False)  # shared by every later call with the same text
         if self._remembered is not None:
             self._remembered[key] = vector

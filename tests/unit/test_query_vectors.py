@@ -64,3 +64,9 @@ async def test_a_failed_run_is_not_remembered():
 def test_a_negative_capacity_is_refused():
     with pytest.raises(ValueError, match="capacity"):
         QueryVectors(RecordingModel(), capacity=-1)
+
+
+async def test_a_remembered_vector_does_not_keep_the_model_run_alive():
+    vectors = QueryVectors(RecordingModel(), capacity=8)
+    vector = await vectors.vector("acme", "q")
+    assert vector.base is None  # its own memory, not a view of the run's (n, dimension) array
