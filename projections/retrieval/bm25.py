@@ -50,7 +50,7 @@ import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence, Union
+from typing import Callable, Iterable, Mapping, Sequence, Union
 
 __all__ = [
     "B",
@@ -60,6 +60,7 @@ __all__ = [
     "DocumentTerms",
     "analyze",
     "bm25_score",
+    "bm25_scorer",
     "bm25_scores",
     "idf",
     "matches_minimum",
@@ -195,21 +196,34 @@ def bm25_score(query_terms: Sequence[str], doc: DocLike, stats: CorpusStats,
                *, k1: float = K1, b: float = B) -> float:
     """BM25 of one document (see the module docstring for the formula)."""
     d = _as_doc(doc)
-    norm = (1.0 - b + b * d.length / stats.avgdl) if stats.avgdl > 0 else 1.0
-    score = 0.0
-    for q in query_terms:
-        tf = d.tf.get(q, 0)
-        if tf <= 0:
-            continue
-        score += stats.idf(q) * tf * (k1 + 1.0) / (tf + k1 * norm)
+    return bm25_scorer(query_terms, stats, k1=k1, b=b)(d.tf, d.length)
+
+
+def bm25_scorer(query_terms: Sequence[str], stats: CorpusStats, *, k1: float = K1,
+                b: float = B) -> Callable[[Mapping[str, int], int], float]:
+    """:func:`bm25_score` for many documents of one query: ``score(tf, length)``, with each
+    term's idf computed once. The same arithmetic in the same order, so the same floats."""
+    terms = list(query_terms)
+    idfs = {q: stats.idf(q) for q in set(terms)}
+    avgdl = stats.avgdl
+
+    def score(tf: Mapping[str, int], length: int) -> float:
+        norm = (1.0 - b + b * length / avgdl) if avgdl > 0 else 1.0
+        total = 0.0
+        for q in terms:
+            n = tf.get(q, 0)
+            if n > 0:
+                total += idfs[q] * n * (k1 + 1.0) / (n + k1 * norm)
+        return total
+
     return score
 
 
 def bm25_scores(query_terms: Sequence[str], docs_terms: Sequence[DocLike], stats: CorpusStats,
                 *, k1: float = K1, b: float = B) -> list[float]:
     """BM25 of each document, in input order."""
-    q = list(query_terms)
-    return [bm25_score(q, d, stats, k1=k1, b=b) for d in docs_terms]
+    score = bm25_scorer(query_terms, stats, k1=k1, b=b)
+    return [score(d.tf, d.length) for d in map(_as_doc, docs_terms)]
 
 
 def minimum_should_match(n_distinct_terms: int, fraction: float) -> int:
