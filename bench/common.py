@@ -436,10 +436,11 @@ def stage_table(metrics: ServerMetrics, before, after, operations: tuple[str, ..
 
     first, broadened = (counted("context_engine_retrieval_passes_total", "pass", p) for p in ("first", "broadened"))
     lines.append(f"retrieval passes: {first:.0f} first, {broadened:.0f} broadened by the confidence gate")
-    computed, remembered = (counted("context_engine_query_vectors_total", "source", s)
-                            for s in ("computed", "remembered"))
+    computed, remembered, shared = (counted("context_engine_query_vectors_total", "source", s)
+                                    for s in ("computed", "remembered", "shared"))
     lines.append(f"query vectors: {computed:.0f} computed by the model, {remembered:.0f} remembered "
-                 f"(same org and text as an earlier call in the same API process)")
+                 f"(same org and text as an earlier call in the same API process), {shared:.0f} shared "
+                 f"with a run under way")
     if len(metrics.ports) > 1:
         calls = metrics.calls_per_process(before, after, rpc_method)
         lines.append("calls per API process: " + " / ".join(f"{c:.0f}" for c in calls))
@@ -501,6 +502,8 @@ def add_setting_option(parser) -> None:
 
 def stack_settings(args) -> dict[str, str]:
     """--setting NAME=VALUE options as the stack's environment (CONTEXT_ENGINE_ prefix optional)."""
+    if bad := [s for s in args.setting if "=" not in s]:
+        raise SystemExit(f"--setting takes NAME=VALUE, got {bad[0]!r}")
     return dict(("CONTEXT_ENGINE_" + name.removeprefix("CONTEXT_ENGINE_").upper(), value)
                 for name, value in (s.split("=", 1) for s in args.setting))
 

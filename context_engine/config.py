@@ -102,8 +102,8 @@ class Settings(BaseSettings):
     # Python need the other core, so 1. The worker's batch embedder uses min(2, cpus).
     query_embedder_threads: int = Field(default=1, ge=1, le=64)
     # Query vectors each API process remembers, per (org, text), least recently used out
-    # (inference/query_vectors.py); 0 = every query runs the model. ~1.7 KB each at 384-d.
-    query_vectors_remembered: int = Field(default=10_000, ge=0, le=1_000_000)
+    # (inference/query_vectors.py); 0 = every query runs the model. ~2 KB each at 384-d.
+    query_vectors_remembered: int = Field(default=10_000, ge=0, le=200_000)
     # How far below the worker's other work its batch embedder runs (a per-thread nice increment,
     # 0-19; 0 = same priority). Embedding is background work, ~5 ms of CPU per chunk, that took a
     # core beside the projections under an ingest burst (docs/operations.md).

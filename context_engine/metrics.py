@@ -36,7 +36,8 @@ RETRIEVAL_PASSES = Counter(
 
 QUERY_VECTORS = Counter(
     "context_engine_query_vectors_total",
-    "Query embeddings of Search and AssembleContext: computed by the model, or remembered (same org, same text).",
+    "Query embeddings of Search and AssembleContext: computed by the model, remembered (same org, same "
+    "text), or shared (waited for the same org and text being computed).",
     ["source"])
 
 

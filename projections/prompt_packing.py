@@ -103,22 +103,24 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
     def cost(text: str) -> int:
         return count(text + SEPARATOR)
 
-    if layers and (alone := count(SEPARATOR.join(b.text for b in layers))) > budget:
-        raise BudgetError(f"the guardrail layers alone need {alone} tokens, more than the budget "
-                          f"of {budget}; layers are never cut")
-    # `used` includes a separator after the last block, which the prompt does not have: at most
-    # a token too many, so a block is never taken on an estimate that leaves the budget.
-    used = sum(cost(b.text) for b in layers)
+    # What must be in the prompt is judged on its real text, so a budget exactly at its count is
+    # enough. (Layer and pinned counts are remembered; they repeat call after call.)
     chosen: list[Block] = list(layers)
+    used = count(render(chosen)[0]) if chosen else 0
+    if used > budget:
+        raise BudgetError(f"the guardrail layers alone need {used} tokens, more than the budget "
+                          f"of {budget}; layers are never cut")
     for kind, group in (("pinned", pinned), ("required", required)):
         if not group:
             continue
-        need = cost(HEADINGS[kind]) + sum(cost(b.text) for b in group)
-        if used + need > budget:
+        need = count(render([*chosen, *group])[0])
+        if need > budget:
             raise BudgetError(f"the layers and the {kind} items ({', '.join(b.key for b in group)}) need "
-                              f"{used + need} tokens, more than the budget of {budget}")
-        used += need
+                              f"{need} tokens, more than the budget of {budget}")
+        used = need
         chosen += group
+    # From here each block adds its estimated cost; after the stable prefix `used` then counts a
+    # separator the prompt will not end with: at most a token too many, never too few.
 
     def take(kind: str, candidates: Sequence[Block], *, stop_at_first_miss: bool,
              skip_sources: frozenset[str] = frozenset()) -> list[Block]:
@@ -154,15 +156,16 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
             raise BudgetError(f"the required prompt needs {tokens} tokens, more than the budget of {budget}")
         history = [i for i in droppable if blocks[i].kind == "history"]
         blocks.pop(history[0] if history else droppable[-1])  # oldest history, then lowest score
-    # Block-by-block costs over-count a little where the encoder merges across a separator: fill
-    # what is left exactly, in the same priority order, checking the real count.
+    # Estimated costs can miss the real count by a token or so either way where the encoder
+    # merges across a boundary: fill what is left in the same priority order, checking the real count.
     taken_keys = {(b.kind, b.key) for b in blocks}
+    kinds = {b.kind for b in blocks}
     slack = budget - tokens
     fill = [b for b in candidates if ("retrieved", b.key) not in taken_keys]
     older = [b for b in history_newest_first if ("history", b.key) not in taken_keys
              and not (b.source and b.source in {x.source for x in blocks if x.kind == "retrieved"})]
     for b in [*fill, *older]:
-        heading = 0 if any(x.kind == b.kind for x in blocks) else cost(HEADINGS[b.kind])
+        heading = 0 if b.kind in kinds else cost(HEADINGS[b.kind])
         if cost(b.text) + heading > slack + FILL_TOLERANCE:
             if b.kind == "history":
                 break
@@ -173,6 +176,7 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
         if trial_tokens <= budget:
             blocks, prompt, prefix_bytes, tokens = trial, trial_prompt, trial_prefix, trial_tokens
             slack = budget - tokens
+            kinds.add(b.kind)
         elif b.kind == "history":
             break
     return Packed(prompt, prefix_bytes, tokens, tuple(blocks))

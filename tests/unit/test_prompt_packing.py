@@ -6,7 +6,7 @@ import pytest
 
 from context_engine.errors import InvalidArgument
 from context_engine.inference.tokens import count_tokens
-from context_engine.projections.prompt_packing import SEPARATOR, Block, BudgetError, pack
+from context_engine.projections.prompt_packing import SEPARATOR, Block, BudgetError, pack, render
 
 
 def count(text: str) -> int:
@@ -111,3 +111,24 @@ def test_block_costs_add_up_so_the_whole_prompt_is_counted_about_once():
     left = [b for b in retrieved if b not in p.blocks]
     assert left and all(count(p.prompt + SEPARATOR + b.text) > 2000 for b in left[:20])  # nothing else fits
     assert whole_prompt_counts <= 2
+
+
+def test_a_budget_exactly_at_what_must_be_included_is_enough():
+    # Layers ending in a word: their joined text is one token short of the prompt, which always
+    # ends the stable prefix with a separator.
+    layers = [block("layer", "You are helpful"), block("layer", "Follow acme policy")]
+    exact = count(SEPARATOR.join(b.text for b in layers) + SEPARATOR)
+    p = pack(layers=layers, pinned=[], required=[], retrieved=[], history_newest_first=[], budget=exact,
+             count=count)
+    assert p.tokens == exact
+    with pytest.raises(BudgetError, match="layers alone"):
+        pack(layers=layers, pinned=[], required=[], retrieved=[], history_newest_first=[], budget=exact - 1,
+             count=count)
+    required = [block("required", "the invoice number is 4711", key="semantic")]
+    with_required = count(render(layers + required)[0])
+    p = pack(layers=layers, pinned=[], required=required, retrieved=[], history_newest_first=[],
+             budget=with_required, count=count)
+    assert p.tokens == with_required and "4711" in p.prompt
+    with pytest.raises(BudgetError, match="required items"):
+        pack(layers=layers, pinned=[], required=required, retrieved=[], history_newest_first=[],
+             budget=with_required - 1, count=count)

@@ -1,6 +1,8 @@
 """QueryVectors: a query's vector is computed once per (org, text), then remembered — least
 recently used out first, never shared between orgs, nothing remembered at capacity 0."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -70,3 +72,30 @@ async def test_a_remembered_vector_does_not_keep_the_model_run_alive():
     vectors = QueryVectors(RecordingModel(), capacity=8)
     vector = await vectors.vector("acme", "q")
     assert vector.base is None  # its own memory, not a view of the run's (n, dimension) array
+
+
+async def test_calls_arriving_while_their_text_is_computed_share_that_run():
+    model = RecordingModel()
+    model.release.clear()
+    vectors = QueryVectors(model, capacity=0)  # even with nothing remembered
+    calls = [asyncio.create_task(vectors.vector("acme", "same task")) for _ in range(3)]
+    other = asyncio.create_task(vectors.vector("globex", "same task"))
+    await asyncio.sleep(0)
+    model.release.set()
+    results = await asyncio.gather(*calls, other)
+    assert model.runs == [["same task"], ["same task"]]  # one per org
+    assert all(r.tolist() == RecordingModel.vector("same task") for r in results)
+
+
+async def test_a_caller_giving_up_does_not_cancel_the_run_others_wait_for():
+    model = RecordingModel()
+    model.release.clear()
+    vectors = QueryVectors(model, capacity=8)
+    first = asyncio.create_task(vectors.vector("acme", "q"))
+    second = asyncio.create_task(vectors.vector("acme", "q"))
+    await asyncio.sleep(0)
+    first.cancel()
+    model.release.set()
+    assert (await second).tolist() == RecordingModel.vector("q")
+    assert (await vectors.vector("acme", "q")).tolist() == RecordingModel.vector("q")
+    assert model.runs == [["q"]]
