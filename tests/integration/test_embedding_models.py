@@ -96,11 +96,13 @@ async def test_an_openai_compatible_embedder_drives_embed_and_search(
         assert "orchard" in found.results[0].content
         assert float(dict(found.results[0].metadata)["engine.score.vector"]) > 0.3
 
-        # The query embedder failing: AssembleContext degrades to recency and says so.
+        # The query embedder failing: AssembleContext degrades to recency and says so. (A text
+        # asked before, like the Search's above, would not need the embedder: its vector is remembered.)
         EmbeddingsHandler.rejecting = True
         try:
             reply = await caller("AssembleContext", pb.AssembleContextRequest(
-                session_id="s", task_description="orchard festival", token_budget=1000, model_id="gpt-4"))
+                session_id="s", task_description="when is the orchard festival", token_budget=1000,
+                model_id="gpt-4"))
         finally:
             EmbeddingsHandler.rejecting = False
         q = reply.quality
