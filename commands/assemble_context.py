@@ -8,6 +8,7 @@ the code path Search uses, so the two report the same outcome for the same retri
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -41,7 +42,8 @@ PINNED_HINT = "pinned_chunk_ids"
 MUST_INCLUDE_HINT = "must_include"
 MAX_HINT_ITEMS = 32
 MEMORY_KEYS = ("working", "episodic", "semantic")
-TOKENS_PER_RETRIEVED_CHUNK = 20
+TOKENS_PER_RETRIEVED_CHUNK = 20  # the depth's divisor when the visible corpus's chunk size is unknown
+RETRIEVAL_OVERSHOOT = 1.5  # chunks retrieved per chunk the budget holds at the corpus's mean size
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         await deps.freshness.wait(f"{org}/{cmd.session_id}")
     floor = deps.settings.tenant_min_score(org)
     # Retrieval runs on its own connection while the session's rows are read.
-    async with alongside(_retrieve(deps, scope, cmd.task_description, floor,
-                                   _retrieval_depth(cmd.token_budget))) as retrieval_task:
+    async with alongside(_retrieve(deps, scope, cmd.task_description, floor, cmd.token_budget)) as retrieval_task:
         with timed("assemble", "session_read"):
             reads = await _read_session(deps, org, scope, visible, cmd, pinned_ids, required_keys)
         with timed("assemble", "retrieval_wait"):
@@ -240,18 +241,32 @@ async def _required(conn, org: str, agent_id: str, session_id: str, visible: lis
     return Block("required", _text(memory.content), key=key)
 
 
-def _retrieval_depth(token_budget: int) -> int:
-    """How many chunks to retrieve: more than the budget could hold (a conversation turn is ~27
-    cl100k tokens on LoCoMo; one per 20 tokens leaves room for those the floor removes), so the
-    retrieved section, not recency, fills the budget, and a small budget does not pay for a deep
-    retrieval it cannot use."""
-    return max(10, min(MAX_TOP_K, token_budget // TOKENS_PER_RETRIEVED_CHUNK))
+def retrieval_depth(token_budget: int, corpus_tokens: int, corpus_chunks: int) -> int:
+    """How many chunks to retrieve: half again as many as the budget holds at the visible
+    corpus's mean chunk size (its token and chunk totals, kept by the projector), so the
+    retrieved section, not recency, fills the budget even after the floor removes some, and a
+    small budget or a corpus of long chunks does not pay for a deep retrieval it cannot use.
+    On LoCoMo (a turn is ~31 cl100k tokens) this is about budget / 20, the fixed rule it
+    replaces, which stays the rule when the corpus is empty."""
+    if corpus_chunks > 0 and corpus_tokens > 0:
+        depth = math.ceil(token_budget * RETRIEVAL_OVERSHOOT * corpus_chunks / corpus_tokens)
+    else:
+        depth = token_budget // TOKENS_PER_RETRIEVED_CHUNK
+    return max(10, min(MAX_TOP_K, depth))
 
 
-async def _retrieve(deps: Deps, scope, task: str, floor: float, top_k: int) -> tuple[SearchOutcome | None, str]:
+async def _retrieve(deps: Deps, scope, task: str, floor: float, token_budget: int
+                    ) -> tuple[SearchOutcome | None, str]:
     if not task.strip():
         return None, "no task_description: recency-only context"
     try:
+        org = scope.org_id
+        async with org_transaction(deps.pool, org, readonly=True) as conn:
+            totals = await conn.fetchrow(
+                "SELECT coalesce(sum(token_total), 0)::bigint AS tokens, coalesce(sum(n_docs), 0)::bigint AS chunks "
+                "FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[])",
+                org, [s.path for s in scope.ancestors()])
+        top_k = retrieval_depth(token_budget, totals["tokens"], totals["chunks"])
         return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task, top_k=top_k), floor), ""
     except DomainError as exc:
         if isinstance(exc, InvalidArgument):
