@@ -38,7 +38,7 @@ proto: install-dev
 	$(PY) proto/generate.py
 
 contract: install-dev
-	$(PY) ../shared/tools/check_contract.py $(CURDIR)
+	$(PY) ../shared/tools/check_contract.py .
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

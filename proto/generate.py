@@ -1,4 +1,8 @@
-"""Regenerate the Python code for every .proto under proto/ (``make proto``).
+"""Regenerate the Python code for every .proto under proto/proto/ (``make proto``).
+
+The sources and the generated package live in proto/proto/ because the user's contract checker
+(`../shared/tools/check_contract.py .`) runs protoc from inside proto/ with `-I./proto`: the
+import root must be proto/proto for that command to compile them.
 
 ``--check`` regenerates into a scratch directory and exits 1 when the committed
 code differs, so CI catches a .proto edited without regenerating.
@@ -16,7 +20,7 @@ import tempfile
 
 import grpc_tools
 
-ROOT = pathlib.Path(__file__).resolve().parent
+ROOT = pathlib.Path(__file__).resolve().parent / "proto"  # the import root: upsquad/... below it
 WELL_KNOWN = pathlib.Path(grpc_tools.__file__).parent / "_proto"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
@@ -54,7 +58,7 @@ def check() -> int:
             f for f in want & have if not filecmp.cmp(fresh / f, ROOT / f, shallow=False)
         )
     for name in stale:
-        print(f"stale generated code: proto/{name}")
+        print(f"stale generated code: proto/proto/{name}")
     if stale:
         print("run `make proto` and commit the result")
         return 1

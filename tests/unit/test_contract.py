@@ -18,5 +18,6 @@ def test_generated_code_is_current():
 
 @pytest.mark.skipif(not CHECKER.exists(), reason="shared/tools/check_contract.py is not beside this checkout")
 def test_proto_matches_the_spec():
-    result = subprocess.run([sys.executable, str(CHECKER), str(ROOT)], capture_output=True, text=True)
+    # exactly as the user runs it: from the checkout, with "." as the project
+    result = subprocess.run([sys.executable, str(CHECKER), "."], cwd=ROOT, capture_output=True, text=True)
     assert result.stdout.strip().endswith("0 shortfalls"), result.stdout + result.stderr
