@@ -120,7 +120,8 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         await deps.freshness.wait(f"{org}/{cmd.session_id}")
     floor = deps.settings.tenant_min_score(org)
     # Retrieval runs on its own connection while the session's rows are read.
-    async with alongside(_retrieve(deps, scope, cmd.task_description, floor, cmd.token_budget)) as retrieval_task:
+    async with alongside(_retrieve(deps, scope, visible, cmd.task_description, floor,
+                                   cmd.token_budget)) as retrieval_task:
         with timed("assemble", "session_read"):
             reads = await _read_session(deps, org, scope, visible, cmd, pinned_ids, required_keys)
         with timed("assemble", "retrieval_wait"):
@@ -255,7 +256,7 @@ def retrieval_depth(token_budget: int, corpus_tokens: int, corpus_chunks: int) -
     return max(10, min(MAX_TOP_K, depth))
 
 
-async def _retrieve(deps: Deps, scope, task: str, floor: float, token_budget: int
+async def _retrieve(deps: Deps, scope, visible: list[str], task: str, floor: float, token_budget: int
                     ) -> tuple[SearchOutcome | None, str]:
     if not task.strip():
         return None, "no task_description: recency-only context"
@@ -265,7 +266,7 @@ async def _retrieve(deps: Deps, scope, task: str, floor: float, token_budget: in
             totals = await conn.fetchrow(
                 "SELECT coalesce(sum(token_total), 0)::bigint AS tokens, coalesce(sum(n_docs), 0)::bigint AS chunks "
                 "FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[])",
-                org, [s.path for s in scope.ancestors()])
+                org, visible)
         top_k = retrieval_depth(token_budget, totals["tokens"], totals["chunks"])
         return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task, top_k=top_k), floor), ""
     except DomainError as exc:

@@ -21,11 +21,15 @@ async def test_the_same_text_in_the_same_org_runs_the_model_once():
     assert vectors.model_version == model.model_version
 
 
-async def test_another_org_asking_the_same_text_gets_its_own_run():
+@pytest.mark.parametrize("capacity, orgs", [
+    (8, ("acme", "globex")),  # another org asking the same text gets its own run
+    (0, ("acme", "acme")),  # capacity 0 runs the model every time
+])
+async def test_the_model_runs_again_for_another_org_or_when_nothing_is_remembered(capacity, orgs):
     model = RecordingModel()
-    vectors = QueryVectors(model, capacity=8)
-    await vectors.vector("acme", "same words")
-    await vectors.vector("globex", "same words")
+    vectors = QueryVectors(model, capacity=capacity)
+    for org in orgs:
+        await vectors.vector(org, "same words")
     assert model.runs == [["same words"], ["same words"]]
 
 
@@ -35,14 +39,6 @@ async def test_the_least_recently_used_text_goes_first():
     for text in ["a", "b", "a", "c", "a", "b"]:  # "b" is out when "c" comes in; "a" stays
         await vectors.vector("acme", text)
     assert model.runs == [["a"], ["b"], ["c"], ["b"]]
-
-
-async def test_capacity_zero_runs_the_model_every_time():
-    model = RecordingModel()
-    vectors = QueryVectors(model, capacity=0)
-    await vectors.vector("acme", "q")
-    await vectors.vector("acme", "q")
-    assert model.runs == [["q"], ["q"]]
 
 
 async def test_a_remembered_vector_cannot_be_changed_by_a_caller():
