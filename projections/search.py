@@ -197,10 +197,13 @@ FROM s
 def _candidates(dims: int) -> str:
     """The vector leg (cosine over the HNSW index of the running embedder's dimension, top `$6`,
     same visibility; pgvector's iterative scan keeps filtering from starving it), its union with
-    the lexical leg's `$7`, and for each candidate its row, its cosine and its postings of the
-    query terms: one round trip. The postings come from one scan of the primary key for all
-    candidates at once: a lateral subquery per candidate cost 4.6 of this statement's 7.2 ms at
-    Search's pools of 50 and 27 of 39 ms at assembly's 400 (docs/benchmarks.md)."""
+    the lexical leg's `$7`, each candidate's row and cosine, and then, as rows of their own
+    (`postings` true), each candidate's postings of the query terms: one round trip. The postings
+    come from one scan for all candidates at once (a lateral subquery per candidate cost 4.6 of
+    this statement's 7.2 ms at Search's pools of 50, docs/benchmarks.md). They are not joined to
+    the candidates in SQL: under row-level security the planner estimates one candidate row for
+    an org of a few hundred chunks and joins by nested loop, aggregating the postings once per
+    candidate (234 ms instead of 3 ms at 419 candidates on LoCoMo)."""
     return f"""
 WITH vector_leg AS (
     SELECT chunk_id FROM chunks
@@ -211,17 +214,18 @@ WITH vector_leg AS (
 ), ids AS (
     SELECT chunk_id FROM vector_leg UNION SELECT unnest($7::uuid[])
 )
-SELECT c.chunk_id, c.content, c.source_kind, c.source_event_id, c.session_id, c.chunk_index, c.domain,
-       c.scope_path, c.metadata::text AS metadata, c.created_at,
+SELECT false AS postings, c.chunk_id, c.content, c.source_kind, c.source_event_id, c.session_id, c.chunk_index,
+       c.domain, c.scope_path, c.metadata::text AS metadata, c.created_at,
        CASE WHEN c.embedding_dims = {dims} AND c.embedding_model = $3
             THEN 1 - (c.embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine,
-       t.terms, t.tfs, t.doc_length
+       NULL::text[] AS terms, NULL::integer[] AS tfs, NULL::integer AS doc_length
 FROM ids JOIN chunks c ON c.org_id = $1 AND c.chunk_id = ids.chunk_id
-LEFT JOIN (
-    SELECT chunk_id, array_agg(term) AS terms, array_agg(tf) AS tfs, max(doc_length) AS doc_length FROM chunk_terms
-    WHERE org_id = $1 AND term = ANY($8::text[]) AND chunk_id = ANY(ARRAY(SELECT chunk_id FROM ids))
-    GROUP BY chunk_id
-) AS t ON t.chunk_id = c.chunk_id
+UNION ALL
+SELECT true, chunk_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       array_agg(term), array_agg(tf), max(doc_length)
+FROM chunk_terms
+WHERE org_id = $1 AND term = ANY($8::text[]) AND chunk_id = ANY(ARRAY(SELECT chunk_id FROM ids))
+GROUP BY chunk_id
 """
 
 
@@ -253,9 +257,13 @@ class _Retriever:
         with timed("search", "fusion"):
             mass = query_idf_mass(self.terms, stats) if self.terms else 0.0
             bm25 = bm25_scorer(self.terms, stats)
+            postings = {r["chunk_id"]: r for r in rows if r["postings"]}
             candidates = []
             for r in rows:
-                score = bm25(dict(zip(r["terms"], r["tfs"])), r["doc_length"]) if r["terms"] else 0.0
+                if r["postings"]:
+                    continue
+                held = postings.get(r["chunk_id"])
+                score = bm25(dict(zip(held["terms"], held["tfs"])), held["doc_length"]) if held is not None else 0.0
                 cosine = r["cosine"]
                 # the row itself rides along: a ChunkHit is made only for the results kept (`_hits`)
                 candidates.append(Candidate(str(r["chunk_id"]), None if cosine is None else float(cosine), score,
