@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from context_engine.inference.embedder import MiniLMEmbedder
+from context_engine.inference.embedder import MATMULS, MiniLMEmbedder
 
 EmbedFn = Callable[[list[str]], np.ndarray]
 
@@ -81,6 +81,7 @@ def machine_info(embedder: MiniLMEmbedder) -> dict[str, object]:
         "model_version": embedder.model_version,
         "intra_op_threads": embedder.intra_op_threads,
         "max_batch_size": embedder.max_batch_size,
+        "matmul": embedder.matmul,
     }
 
 
@@ -225,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batches", type=int, default=300, help="cap on batches per size")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured batches per size")
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
-    p.add_argument("--max-batch-size", type=int, default=32, help="embedder's internal batch")
+    p.add_argument("--max-batch-size", type=int, default=32, help="embedder's internal batch (float32 products)")
+    p.add_argument("--matmul", choices=MATMULS, default="int8", help="how MiniLM computes its weight products")
     p.add_argument("--json", metavar="PATH", help="also write results as JSON")
     p.add_argument("--grpc", action="store_true", help="measure the Embed RPC, cold and cached")
     p.add_argument("--address", help="--grpc: a running stack's API (default: start one in a scratch dir)")
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown mode(s) {unknown}; available: {sorted(MODES)}")
 
     t0 = time.perf_counter()
-    embedder = MiniLMEmbedder(intra_op_threads=args.threads, max_batch_size=args.max_batch_size)
+    embedder = MiniLMEmbedder(intra_op_threads=args.threads, max_batch_size=args.max_batch_size, matmul=args.matmul)
     load_s = time.perf_counter() - t0
     info = machine_info(embedder)
     info["model_load_s"] = round(load_s, 3)

