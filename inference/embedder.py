@@ -221,7 +221,8 @@ class MiniLMEmbedder:
             onnx_path, expected_sha = _default_onnx_model()
         else:
             onnx_path = pathlib.Path(model_path)
-        onnx_sha = _sha256_file(onnx_path)
+        model: bytes = onnx_path.read_bytes()  # read once: hashed, maybe rewritten, then loaded
+        onnx_sha = hashlib.sha256(model).hexdigest()
         if expected_sha and onnx_sha != expected_sha:
             raise RuntimeError(
                 f"{onnx_path} has sha256 {onnx_sha}, expected {expected_sha}: corrupted install"
@@ -235,9 +236,8 @@ class MiniLMEmbedder:
             version += f"+tok{tok_sha[:8]}"
         if max_seq_length != self.MAX_SEQ_LENGTH:
             version += f"/seq{max_seq_length}"
-        model: str | bytes = str(onnx_path)
         if matmul == "int8":
-            model, _ = int8_matmul_model(onnx_path.read_bytes())
+            model, _ = int8_matmul_model(model)
             version += "/int8-matmul"  # other vectors than the float32 products give
         self.matmul = matmul
         self.model_version: str = version

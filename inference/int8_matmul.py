@@ -17,6 +17,8 @@ batched with it; callers run one text per session run (inference/embedder.py).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 MS_DOMAIN = "com.microsoft"
@@ -33,10 +35,7 @@ def int8_matmul_model(model: bytes) -> tuple[bytes, int]:
     graph = proto.graph
     initializers = {i.name: i for i in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
-    uses: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
+    uses = Counter(name for node in graph.node for name in node.input)
 
     def int8_weight(value: str):
         """(int8 initializer name, per-column scale, nodes made redundant) or None."""
