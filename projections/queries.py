@@ -251,13 +251,6 @@ async def latest_memory(conn: asyncpg.Connection, org_id: str, agent_id: str, se
     return _memory(r) if r else None
 
 
-async def memory_by_event_id(conn: asyncpg.Connection, org_id: str, event_id: str) -> MemoryVersion | None:
-    if (eid := _uuid(event_id)) is None:
-        return None
-    r = await conn.fetchrow("SELECT * FROM memory_versions WHERE org_id = $1 AND event_id = $2", org_id, eid)
-    return _memory(r) if r else None
-
-
 async def snapshot_memory(conn: asyncpg.Connection, org_id: str, session_id: str, snapshot_name: str,
                           agent_id: str, visible_scope_paths: Sequence[str], *,
                           memory_type: str | None = None) -> MemoryVersion | None:
