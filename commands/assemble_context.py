@@ -44,6 +44,11 @@ MAX_HINT_ITEMS = 32
 MEMORY_KEYS = ("working", "episodic", "semantic")
 TOKENS_PER_RETRIEVED_CHUNK = 20  # the depth's divisor when the visible corpus's chunk size is unknown
 RETRIEVAL_OVERSHOOT = 1.5  # chunks retrieved per chunk the budget holds at the corpus's mean size
+# History turns read: those whose newer turns hold at most this many times the budget in stored
+# (cl100k) tokens. The history section never holds more than the budget, so the rest of a long
+# session is not read; the encodings differ by far less than 2x on text, and if the turns read do
+# not fill the budget all the same the window is read again in full (the same prompt either way).
+HISTORY_READ_FACTOR = 2
 
 
 @dataclass(frozen=True)
@@ -133,10 +138,18 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     def count(text: str) -> int:
         return tokens.count_tokens_remembered(text, cmd.model_id)
 
+    def packed_with(history: list[Block]) -> Packed:
+        return pack(layers=reads.layers, pinned=reads.pinned, required=reads.required, retrieved=retrieved,
+                    history_newest_first=history, budget=cmd.token_budget, count=count)
+
     with timed("assemble", "packing"):
-        packed = pack(layers=reads.layers, pinned=reads.pinned, required=reads.required, retrieved=retrieved,
-                      history_newest_first=reads.history_newest_first, budget=cmd.token_budget, count=count)
-        prompt_id = sha256_hex(packed.prompt.encode("utf-8"))
+        packed = packed_with(reads.history_newest_first)
+    if reads.history_truncated and _history_exhausted(packed, reads.history_newest_first):
+        with timed("assemble", "history_reread"):  # rare: the turns read were not enough to fill the budget
+            async with org_transaction(deps.pool, org, readonly=True) as conn:
+                rows = await _history_rows(conn, org, cmd.session_id, deps.settings.history_window, None)
+            packed = packed_with(_history_blocks(rows))
+    prompt_id = sha256_hex(packed.prompt.encode("utf-8"))
     with timed("assemble", "chunk_ids"):
         chunk_ids = await _chunk_ids(deps, org, packed)
     quality = _quality(retrieval, failure, packed, floor)
@@ -162,6 +175,7 @@ class SessionReads:
     history_newest_first: list[Block]
     session_tokens: int
     compaction_open: bool
+    history_truncated: bool  # older turns within the window were not read (HISTORY_READ_FACTOR)
 
 
 async def _read_session(deps: Deps, org: str, scope, visible: list[str], cmd: AssembleContext,
@@ -176,20 +190,45 @@ async def _read_session(deps: Deps, org: str, scope, visible: list[str], cmd: As
         pinned = await _pinned(conn, org, visible, pinned_ids)
         required = [await _required(conn, org, scope.agent_id, cmd.session_id, visible, key, deps)
                     for key in required_keys]
-        history_rows = await conn.fetch(
-            "SELECT event_id, content, metadata::text AS metadata FROM session_events "
-            "WHERE org_id = $1 AND session_id = $2 AND active ORDER BY seq DESC LIMIT $3",
-            org, cmd.session_id, deps.settings.history_window)
+        history_rows = await _history_rows(conn, org, cmd.session_id, deps.settings.history_window,
+                                           int(HISTORY_READ_FACTOR * cmd.token_budget))
         totals = await conn.fetchrow(
             "SELECT (SELECT coalesce(sum(token_count), 0) FROM session_events"
             "        WHERE org_id = $1 AND session_id = $2 AND active) AS tokens,"
             "       EXISTS (SELECT 1 FROM compaction_requests"
             "               WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL) AS compaction_open",
             org, cmd.session_id)
-    history = [Block("history", _history_text(r), key=str(r["event_id"]), source=str(r["event_id"]))
-               for r in history_rows]
-    return SessionReads(layers, pinned, required, [b for b in history if b.text], int(totals["tokens"]),
-                        totals["compaction_open"])
+    truncated = bool(history_rows) and len(history_rows) < history_rows[0]["window_rows"]
+    return SessionReads(layers, pinned, required, _history_blocks(history_rows), int(totals["tokens"]),
+                        totals["compaction_open"], truncated)
+
+
+async def _history_rows(conn, org: str, session_id: str, window: int, read_tokens: int | None) -> list:
+    """The session's active turns, newest first, within the last `window`: only those whose newer
+    turns hold at most `read_tokens` stored (cl100k) tokens when it is given. Each row carries
+    how many turns the window holds, so the caller knows whether older ones were left unread."""
+    return await conn.fetch(
+        "SELECT event_id, content, metadata, window_rows FROM ("
+        "  SELECT event_id, content, metadata::text AS metadata, seq, count(*) OVER () AS window_rows,"
+        "         sum(token_count) OVER (ORDER BY seq DESC ROWS UNBOUNDED PRECEDING) - token_count AS newer_tokens"
+        "  FROM (SELECT event_id, content, metadata, seq, token_count FROM session_events"
+        "        WHERE org_id = $1 AND session_id = $2 AND active"
+        "        ORDER BY seq DESC LIMIT $3) AS w"
+        ") AS h WHERE $4::bigint IS NULL OR newer_tokens <= $4 ORDER BY seq DESC",
+        org, session_id, window, read_tokens)
+
+
+def _history_blocks(rows) -> list[Block]:
+    history = [Block("history", _history_text(r), key=str(r["event_id"]), source=str(r["event_id"])) for r in rows]
+    return [b for b in history if b.text]
+
+
+def _history_exhausted(packed: Packed, history: list[Block]) -> bool:
+    """Whether packing used up every history turn it was given (each is in the prompt or was left
+    out as the source of a retrieved chunk there): then older turns might have fit too."""
+    in_prompt = {b.key for b in packed.blocks if b.kind == "history"}
+    retrieved_sources = {b.source for b in packed.blocks if b.kind == "retrieved" and b.source}
+    return all(b.key in in_prompt or b.source in retrieved_sources for b in history)
 
 
 def _history_text(row) -> str:

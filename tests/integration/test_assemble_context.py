@@ -225,3 +225,22 @@ async def test_compaction_job_once_per_crossing(engine):
     stream, job = jobs[0]
     assert stream == f"compaction:{org}" and job.session_id == "long" and job.token_budget == 300
     assert job.current_token_count > 240 and job.strategy == "sliding_window"
+
+
+async def test_reading_only_the_recent_history_never_changes_the_prompt(engine, monkeypatch):
+    """A long session's older turns are not read (HISTORY_READ_FACTOR): the prompt is the one a
+    read of the whole window gives, also when the turns read run out before the budget does."""
+    from context_engine.commands import assemble_context as module
+
+    caller = engine.caller(unique("org"), clearance=1)
+    turns = [f"user: turn {i} about the order number {1000 + i} and its parcel" for i in range(60)]
+    await ingest(caller, "long", turns)
+    await assemble(caller, session="long", task="", budget=200)  # projected: the freshness wait
+    prompts = {}
+    for factor in (module.HISTORY_READ_FACTOR, 0, 10**6):  # the default, a single turn, the whole window
+        monkeypatch.setattr(module, "HISTORY_READ_FACTOR", factor)
+        reply = await assemble(caller, session="long", task="", budget=200)
+        prompts[factor] = reply.assembled_prompt
+    assert len(set(prompts.values())) == 1
+    history = prompts[0].split("## Recent conversation")[1]
+    assert "turn 59 " in history and "turn 0 " not in history and history.count("user: turn") > 1
