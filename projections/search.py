@@ -195,7 +195,8 @@ FROM s
 
 
 def _candidates(dims: int) -> str:
-    """The vector leg (cosine over the HNSW index of the running embedder's dimension, top `$6`,
+    """The vector leg (cosine over the HNSW index of the running embedder's dimension, whose
+    graph holds half-precision copies of the vectors (migration 0012), top `$6`,
     same visibility; pgvector's iterative scan keeps filtering from starving it), its union with
     the lexical leg's `$7`, each candidate's row and cosine, and then, as rows of their own
     (`postings` true), each candidate's postings of the query terms: one round trip. The postings
@@ -209,7 +210,7 @@ WITH vector_leg AS (
     SELECT chunk_id FROM chunks
     WHERE org_id = $1 AND embedding_dims = {dims} AND embedding_model = $3 AND searchable
       AND scope_path = ANY($4::text[]) AND ($5 = '' OR domain = $5)
-    ORDER BY embedding::vector({dims}) <=> $2::vector({dims})
+    ORDER BY embedding::halfvec({dims}) <=> $2::vector({dims})::halfvec({dims})
     LIMIT $6
 ), ids AS (
     SELECT chunk_id FROM vector_leg UNION SELECT unnest($7::uuid[])

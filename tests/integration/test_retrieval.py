@@ -278,6 +278,28 @@ async def test_the_candidates_postings_are_read_once_under_row_level_security(co
     assert sum(r["postings"] for r in rows) == 4  # the turns holding a query term: all but the adoption one
 
 
+async def test_the_vector_leg_can_use_the_half_precision_hnsw_index(corpus, engine):
+    """The vector leg's ORDER BY must be the index's expression (half precision since migration
+    0012), or the leg silently becomes an exact scan of the whole org: with sequential scans off
+    (the planner prefers them for a few chunks), the plan walks chunks_embedding_384."""
+    org, _caller = corpus
+    conn = await asyncpg.connect(engine.settings.database_url)
+    try:
+        await register_vector(conn)
+        assert "halfvec_cosine_ops" in await conn.fetchval(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'chunks_embedding_384'")
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL ROLE {APP_ROLE}")
+            await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            vector, model = await conn.fetchrow("SELECT (array_agg(embedding))[1], max(embedding_model) FROM chunks")
+            plan = await conn.fetchval("EXPLAIN (FORMAT JSON) " + _candidates(384),
+                                       org, vector, model, [org], "", 50, [], ["support"])
+    finally:
+        await conn.close()
+    assert "chunks_embedding_384" in {n.get("Index Name") for n in plan_nodes(orjson.loads(plan)[0]["Plan"])}
+
+
 async def test_embed_limits_and_model_assertion(engine):
     caller = engine.caller(unique("org"), clearance=1)
     await expect_error(grpc.StatusCode.INVALID_ARGUMENT,
