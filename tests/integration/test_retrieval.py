@@ -280,8 +280,9 @@ async def test_the_candidates_postings_are_read_once_under_row_level_security(co
 
 async def test_the_vector_leg_can_use_the_half_precision_hnsw_index(corpus, engine):
     """The vector leg's ORDER BY must be the index's expression (half precision since migration
-    0012), or the leg silently becomes an exact scan of the whole org: with sequential scans off
-    (the planner prefers them for a few chunks), the plan walks chunks_embedding_384."""
+    0012), or the leg silently becomes an exact scan of the whole org: with sequential scans and
+    sorts off (for a few chunks the planner prefers reading them all and sorting), the plan walks
+    chunks_embedding_384, the one path that yields the rows in distance order."""
     org, _caller = corpus
     conn = await asyncpg.connect(engine.settings.database_url)
     try:
@@ -291,7 +292,7 @@ async def test_the_vector_leg_can_use_the_half_precision_hnsw_index(corpus, engi
         async with conn.transaction():
             await conn.execute(f"SET LOCAL ROLE {APP_ROLE}")
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
-            await conn.execute("SET LOCAL enable_seqscan = off")
+            await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
             vector, model = await conn.fetchrow("SELECT (array_agg(embedding))[1], max(embedding_model) FROM chunks")
             plan = await conn.fetchval("EXPLAIN (FORMAT JSON) " + _candidates(384),
                                        org, vector, model, [org], "", 50, [], ["support"])
