@@ -28,6 +28,7 @@ from context_engine.auth import ensure_dev_key
 from context_engine.config import ENV_PREFIX, Settings
 from context_engine.embedded.process import child_preexec
 from context_engine.projections.migrate import migrate
+from context_engine.streams import readiness
 from context_engine.streams.topics import LogTopics, ensure_topics
 
 DATABASE_NAME = "context_engine"
@@ -121,6 +122,7 @@ class Stack:
         asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(self.settings).partitions))
 
         write_stack_file(self.home, database_url, bootstrap)
+        readiness.clear(self.home)  # SERVING waits for this worker's word, not an earlier one's
         apis = self.settings.api_processes
         self.children = [
             Child("worker", ["worker"], self.logs / "worker.log"),
@@ -136,14 +138,19 @@ class Stack:
     def wait_until_serving(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         for name, address in (("api", self.settings.api_address), ("detector", self.settings.detector_address)):
-            while not _serving(address):
-                self._raise_if_child_died()
-                if self.stopping.is_set():
-                    raise InterruptedError("stop requested during start-up")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} not SERVING at {address} after {READY_TIMEOUT_S:.0f}s; "
-                                       f"see {self.logs / (name + '.log')}")
-                time.sleep(0.1)
+            self._wait_for(lambda address=address: _serving(address), deadline, f"{name} not SERVING at {address}", name)
+        # Calls are answered from here on, but an ingest is acknowledged only once the worker has
+        # projected it: SERVING waits until the worker has joined its group (streams/readiness.py).
+        self._wait_for(lambda: readiness.is_ready(self.home), deadline, "the worker not projecting", "worker")
+
+    def _wait_for(self, condition, deadline: float, failure: str, log_name: str) -> None:
+        while not condition():
+            self._raise_if_child_died()
+            if self.stopping.is_set():
+                raise InterruptedError("stop requested during start-up")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{failure} after {READY_TIMEOUT_S:.0f}s; see {self.logs / (log_name + '.log')}")
+            time.sleep(0.1)
 
     def _raise_if_child_died(self) -> None:
         for child in self.children:

@@ -49,6 +49,7 @@ from context_engine.streams.fetch_wait import AdaptiveFetchWait
 from context_engine.inference.pii_client import PiiClient
 from context_engine.projections.savings_projection import apply_samples
 from context_engine.streams.jobs import baseline_sample, open_envelope, open_pii_scan_job, scope_of
+from context_engine.streams import readiness
 from context_engine.streams.pii_scanner import PiiScanner
 from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
 from context_engine.streams.topics import LogTopics, ensure_topics
@@ -167,6 +168,12 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         if "assigner" not in holder:
             holder["assigner"] = VectorAssigner(db)
         return holder["assigner"]  # type: ignore[return-value]
+
+    @app.on_partitions_assigned.connect
+    async def announce_projecting(sender, assigned, **_kwargs) -> None:
+        partitions = sorted(tp.partition for tp in assigned if tp.topic == topics.events)
+        if partitions:
+            readiness.mark_ready(settings.home_dir, partitions)
 
     @app.agent(events_topic, name="session-projector")
     async def session_projector(stream):

@@ -1,6 +1,7 @@
 """`context-engine up` as a user runs it: start → SERVING → calls → SIGTERM → nothing left behind."""
 
 import asyncio
+import concurrent.futures
 import os
 import pathlib
 import re
@@ -159,6 +160,23 @@ def search(port: int, metadata=None, org="acme") -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+def ingest_at_once(port: int, token: str, n: int) -> list[grpc.StatusCode]:
+    """`n` IngestEvents in one session, all in flight together; their status codes."""
+    def one(i: int) -> grpc.StatusCode:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                context_pb2_grpc.ContextEngineStub(channel).IngestEvent(
+                    pb.IngestEventRequest(scope=pb.ScopePath(org_id="acme"), session_id="first-writes",
+                                          event_type="message", content=f"turn {i}".encode()),
+                    metadata=(("authorization", f"Bearer {token}"),), timeout=30)
+            except grpc.RpcError as err:
+                return err.code()
+        return grpc.StatusCode.OK
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
 async def run_sql(url: str, sql: str):
     conn = await asyncpg.connect(url)
     try:
@@ -182,6 +200,12 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         assert health(up.detector_port, "upsquad.ml.v1.MLDetectorService") == health_pb2.HealthCheckResponse.SERVING
         assert "upsquad.context.v1.ContextEngine" in reflected_services(up.api_port)
         assert "upsquad.ml.v1.MLDetectorService" in reflected_services(up.detector_port)
+
+        # SERVING means the worker projects: writes sent at once are all acknowledged, none is
+        # told to retry while the worker is still joining its consumer group.
+        assert (home / "run" / "worker.ready").exists()
+        writer = mint(home, "--org", "acme", "--clearance", "1")
+        assert ingest_at_once(up.api_port, writer, 6) == [grpc.StatusCode.OK] * 6
 
         assert search(up.api_port) == grpc.StatusCode.UNAUTHENTICATED
         other_org = mint(home, "--org", "globex", "--clearance", "4")
