@@ -138,7 +138,8 @@ class Stack:
     def wait_until_serving(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         for name, address in (("api", self.settings.api_address), ("detector", self.settings.detector_address)):
-            self._wait_for(lambda address=address: _serving(address), deadline, f"{name} not SERVING at {address}", name)
+            self._wait_for(lambda address=address: _serving(address), deadline,
+                           f"{name} not SERVING at {address}", name)
         # Calls are answered from here on, but an ingest is acknowledged only once the worker has
         # projected it: SERVING waits until the worker has joined its group (streams/readiness.py).
         self._wait_for(lambda: readiness.is_ready(self.home), deadline, "the worker not projecting", "worker")

@@ -44,12 +44,12 @@ from context_engine.metrics import PROJECTOR_BATCH_EVENTS, PROJECTOR_BATCH_SECON
 from context_engine.projections.database import create_pool, transaction_state_only
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import APPLIED, Applied, apply_batch
+from context_engine.streams import readiness
 from context_engine.streams.embedding_pipeline import EmbeddingPipeline
 from context_engine.streams.fetch_wait import AdaptiveFetchWait
 from context_engine.inference.pii_client import PiiClient
 from context_engine.projections.savings_projection import apply_samples
 from context_engine.streams.jobs import baseline_sample, open_envelope, open_pii_scan_job, scope_of
-from context_engine.streams import readiness
 from context_engine.streams.pii_scanner import PiiScanner
 from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
 from context_engine.streams.topics import LogTopics, ensure_topics
