@@ -8,6 +8,7 @@ and the replay rate of everything written, from the broker's log and from the ar
 
     .venv/bin/python bench/ingest.py                 # 16 clients, 60 s
     .venv/bin/python bench/ingest.py --clients 4 --seconds 10
+    .venv/bin/python bench/ingest.py --seconds 30 --keep /tmp/ing   # then: bench/replay.py --home /tmp/ing
 """
 
 from __future__ import annotations
@@ -97,11 +98,15 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--payload-bytes", type=int, default=200)
+    parser.add_argument("--keep", type=pathlib.Path, default=None, metavar="DIR",
+                        help="run in DIR and keep it (bench/replay.py --home DIR replays its archive)")
     add_setting_option(parser)
     args = parser.parse_args()
     settings = stack_settings(args)
 
-    home = pathlib.Path(tempfile.mkdtemp(prefix="context-engine-bench-"))
+    if args.keep and args.keep.exists():
+        parser.error(f"{args.keep} exists; --keep needs a new directory")
+    home = args.keep or pathlib.Path(tempfile.mkdtemp(prefix="context-engine-bench-"))
     worker_metrics = ServerMetrics([free_port()])
     settings.setdefault("CONTEXT_ENGINE_WORKER_METRICS_PORT", str(worker_metrics.ports[0]))
     stack = Stack(home, settings=settings)
@@ -119,7 +124,8 @@ def main() -> None:
         rates = asyncio.run(replay_rates(endpoints, "context-engine.events"))
     finally:
         stack.stop()
-        shutil.rmtree(home, ignore_errors=True)  # a 60 s run leaves ~800 MB
+        if not args.keep:
+            shutil.rmtree(home, ignore_errors=True)  # a 60 s run leaves ~800 MB
 
     ms = [x * 1000 for x in latencies]
     print(f"machine: {machine()}")
