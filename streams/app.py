@@ -76,8 +76,9 @@ def _low_latency_transport(settings: Settings) -> type[faust_aiokafka.Transport]
 
             async def start_with_adaptive_wait() -> None:
                 await start()  # creates the fetcher
+                background = LogTopics.from_settings(settings).telemetry
                 AdaptiveFetchWait(settings.consumer_fetch_max_wait_ms, settings.consumer_idle_fetch_max_wait_ms,
-                                  IDLE_AFTER_EMPTY_FETCHES).install(consumer._fetcher)
+                                  IDLE_AFTER_EMPTY_FETCHES, background).install(consumer._fetcher)
 
             consumer.start = start_with_adaptive_wait
             return consumer

@@ -93,6 +93,8 @@ JOB_STREAMS = {
     "audit:access": "audit-access",
     "pii": "pii",  # the engine's own: PII scans of pushed memory (docs/pii.md); not in stream.proto
 }
+# Streams no caller waits on: their records do not keep the consumers' fetch wait short.
+TELEMETRY_STREAMS = ("metrics:baseline", "audit:access")
 
 
 class LogTopics:
@@ -103,6 +105,10 @@ class LogTopics:
         self.jobs = {stream: f"{prefix}.{suffix}" for stream, suffix in JOB_STREAMS.items()}
         self._partitions = {self.events: events_partitions,
                             **{topic: job_partitions for topic in self.jobs.values()}}
+
+    @property
+    def telemetry(self) -> frozenset[str]:
+        return frozenset(self.jobs[stream] for stream in TELEMETRY_STREAMS)
 
     @classmethod
     def from_settings(cls, settings) -> "LogTopics":
