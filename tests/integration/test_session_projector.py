@@ -284,6 +284,34 @@ async def test_positions_are_recorded_not_identity_and_bad_records_fail_the_batc
     assert await counts(conn, org) == before
 
 
+async def test_a_batch_of_several_orgs_with_quotes_in_its_names_is_written_and_announced(
+        conn: asyncpg.Connection, db_url: str) -> None:
+    """The batch's offsets, org settings and NOTIFYs are sent as literals: quotes must not matter."""
+    orgs = [f"o'brien-{uuid.uuid4().hex[:6]}", new_org()]
+    topic = f"it's-{uuid.uuid4().hex[:6]}"
+    events = [ingest(orgs[0], "s", "first"), ingest(orgs[1], "s", "second"), ingest(orgs[0], "s", "third")]
+    records = [LogRecord(topic, 0, 7, events[0].to_bytes()), LogRecord(topic, 1, 3, events[1].to_bytes()),
+               LogRecord(topic, 0, 8, events[2].to_bytes())]
+    heard: list[str] = []
+    listener = await asyncpg.connect(db_url)
+    await listener.add_listener("projected'channel", lambda *args: heard.append(args[3]))
+    try:
+        applied = await apply_batch(conn, records, notify=lambda done: (
+            "projected'channel", [",".join(f"{a.event_id}'{a.outcome}" for a in done)]))
+        for _ in range(100):
+            if heard:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await listener.close()
+    assert [a.outcome for a in applied] == [APPLIED] * 3
+    assert heard == [",".join(f"{e.event_id}'{APPLIED}" for e in events)]
+    assert [(await counts(conn, o))["session_items"] for o in orgs] == [2, 1]
+    offsets = await load_offsets(conn)
+    assert (offsets[(topic, 0)], offsets[(topic, 1)]) == (8, 3)
+    assert not conn.is_in_transaction()
+
+
 async def test_other_event_types_are_archived_and_ignored(conn: asyncpg.Connection,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(events_module.CURRENT_VERSIONS, "share.granted", 1)
