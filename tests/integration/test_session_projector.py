@@ -312,6 +312,20 @@ async def test_a_batch_of_several_orgs_with_quotes_in_its_names_is_written_and_a
     assert not conn.is_in_transaction()
 
 
+async def test_a_batch_inside_the_callers_transaction_commits_and_rolls_back_with_it(
+        conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    with pytest.raises(RuntimeError, match="caller gives up"):
+        async with conn.transaction():
+            assert [a.outcome for a in await apply_batch(conn, log.append(ingest(org, "s", "one")))] == [APPLIED]
+            assert conn.is_in_transaction()  # the batch did not commit the caller's transaction
+            raise RuntimeError("caller gives up")
+    assert (await counts(conn, org))["event_archive"] == 0
+    async with conn.transaction():
+        await apply_batch(conn, log.append(ingest(org, "s", "two")))
+    assert (await counts(conn, org))["session_items"] == 1
+
+
 async def test_other_event_types_are_archived_and_ignored(conn: asyncpg.Connection,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(events_module.CURRENT_VERSIONS, "share.granted", 1)
