@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from context_engine.embedded.process import _alive, child_preexec, free_port, kill_tree, log_tail
 
@@ -136,8 +136,6 @@ class EmbeddedPostgres:
     def dsn_for(self, database: str) -> str:
         if not self.port:
             raise EmbeddedProcessError("the server has not been started (no port yet)")
-        if (sockets := self.socket_dir) is not None:
-            return f"postgresql://{SUPERUSER}@/{database}?host={quote(str(sockets), safe='/')}&port={self.port}"
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
     @property
