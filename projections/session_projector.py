@@ -173,11 +173,14 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
     for i, ev in enumerate(events):
         by_org.setdefault(ev.scope.org_id, []).append(i)
     results: list[Applied | None] = [None] * len(records)
-    orgs = list(by_org)
-    async with _batch_transaction(conn, _opening(projector, records, orgs[0]),
-                                  lambda: _closing(notify([r for r in results if r is not None]) if notify else None)):
-        for n, (org_id, indexes) in enumerate(by_org.items()):
-            if n:  # the opening statements set the first
+    first_org = next(iter(by_org))
+
+    def closing() -> str:  # the announcement needs every outcome, so it is written last
+        return _closing(notify([r for r in results if r is not None]) if notify else None)
+
+    async with _batch_transaction(conn, _opening(projector, records, first_org), closing):
+        for org_id, indexes in by_org.items():
+            if org_id != first_org:  # the opening statements set the first
                 await _set_org(conn, org_id)
             fresh = await _archive(conn, org_id, [(records[i], events[i]) for i in indexes])
             applier = _OrgApplier(conn, org_id, bulk)
