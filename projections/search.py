@@ -14,12 +14,14 @@ embedding computed on a thread meanwhile:
 3. the vector leg: cosine over the HNSW index of the running embedder's dimension, top
    `vector_k`, filtered by the same visibility (pgvector iterative scan, so filtering does not
    starve the result) — the same statement as step 4;
-4. for the union of both legs, the other leg's signal too (the cosine of every candidate, BM25
-   of every candidate recomputed in Python from its postings with the same statistics), then
-   `retrieval.fusion.HYBRID` -> one score in [0, 1].
+4. for the union of both legs, the other leg's signal too (the cosine of every candidate, the
+   exact BM25 of every candidate from all its postings with the same statistics), then
+   `retrieval.fusion.HYBRID` -> one score in [0, 1], the floor and the top_k cap, all in
+   PostgreSQL: the statement returns only the candidates kept and the counts (`_fused`).
+   `WeightedFusion.score_one` stays the formula's reference; a test holds the statement to it.
 The confidence gate (retrieval/confidence_gate.py) runs one broadened pass when the top fused
-score is below the effective floor, and `retrieval.outcome.classify` — the one classification
-function — applies the floor, the top_k cap and names the outcome.
+score is below the effective floor, and `retrieval.outcome.classify_ranked` — the one
+classification rule — names the outcome from the counts.
 
 Row-level security is on (the API's role, `app.org_id` set per transaction); every statement
 also filters on org_id to keep the indexes in use. Each stage's time is a Prometheus histogram
@@ -48,13 +50,12 @@ from context_engine.projections.retrieval.bm25 import (
     K1,
     CorpusStats,
     analyze,
-    bm25_scorer,
     minimum_should_match,
     query_idf_mass,
 )
 from context_engine.projections.retrieval.confidence_gate import Pool, retrieve_with_gate_async
-from context_engine.projections.retrieval.fusion import HYBRID, Candidate, ScoredCandidate
-from context_engine.projections.retrieval.outcome import RetrievalResult, classify, resolve_min_score, resolve_top_k
+from context_engine.projections.retrieval.fusion import HYBRID, ScoredCandidate
+from context_engine.projections.retrieval.outcome import RetrievalResult, classify_ranked, resolve_min_score, resolve_top_k
 from context_engine.scope import Scope
 
 MAX_QUERY_BYTES = 16 * 1024
@@ -120,11 +121,12 @@ async def search(pool: asyncpg.Pool, query_vectors: QueryVectors, scope: Scope, 
     # The query embedding runs on its own thread while the lexical leg's statement runs.
     async with alongside(_embed_query(query_vectors, scope.org_id, query)) as embedding:
         retriever = _Retriever(pool, scope, domain, analyze(query), embedding, query_vectors.model_version,
-                               now or dt.datetime.now(dt.UTC))
+                               now or dt.datetime.now(dt.UTC), floor, top_k)
         first = Pool(vector_k=max(MIN_POOL, 2 * top_k), bm25_k=max(MIN_POOL, 2 * top_k))
-        gate = await retrieve_with_gate_async(retriever.run, floor, first)
+        gate = await retrieve_with_gate_async(retriever.run, floor, first, top_score=lambda p: p.top_score)
     with timed("search", "classify"):
-        result = _hits(classify(gate.candidates, floor, top_k))
+        fused: FusedPass = gate.candidates
+        result = _hits(classify_ranked(fused.best, fused.above, fused.total, floor, top_k))
     return SearchOutcome(result, gate.expansion_applied, query_vectors.model_version)
 
 
@@ -194,17 +196,25 @@ FROM s
 """
 
 
-def _candidates(dims: int) -> str:
+def _fused(dims: int) -> str:
     """The vector leg (cosine over the HNSW index of the running embedder's dimension, whose
-    graph holds half-precision copies of the vectors (migration 0012), top `$6`,
-    same visibility; pgvector's iterative scan keeps filtering from starving it), its union with
-    the lexical leg's `$7`, each candidate's row and cosine, and then, as rows of their own
-    (`postings` true), each candidate's postings of the query terms: one round trip. The postings
-    come from one scan for all candidates at once (a lateral subquery per candidate cost 4.6 of
-    this statement's 7.2 ms at Search's pools of 50, docs/benchmarks.md). They are not joined to
-    the candidates in SQL: under row-level security the planner estimates one candidate row for
-    an org of a few hundred chunks and joins by nested loop, aggregating the postings once per
-    candidate (234 ms instead of 3 ms at 419 candidates on LoCoMo)."""
+    graph holds half-precision copies of the vectors (migration 0012), top `$6`, same
+    visibility; pgvector's iterative scan keeps filtering from starving it), its union with the
+    lexical leg's `$7`, and `retrieval.fusion.HYBRID` over that union: each candidate's cosine
+    (on the float32 vector), its exact BM25 from all its postings of the query terms (`$8`, each
+    term's weight idf x count in the query `$9`, mean length `$10`) normalised by the query's idf
+    mass `$11`, its recency at `$12`, and the weighted score clamped to [0, 1]. It returns the
+    first `$14` candidates whose score clears the floor `$13`, best first, with their rows, and
+    one summary row (`summary` true): how many candidates there were, how many cleared the floor
+    and the top score (for the confidence gate). One round trip, and ~150 rows instead of every
+    candidate's row and postings (~1,100 at assembly's pools) for the API to decode and fuse.
+
+    The postings are not joined to the candidates: both are rows of one UNION ALL grouped by
+    chunk id. Under row-level security the planner estimates one candidate row for an org of a
+    few hundred chunks, and a join then ran by nested loop, aggregating the postings once per
+    candidate (234 ms instead of 3 ms at 419 candidates on LoCoMo). Only the kept rows are read
+    again, each by its key, for their content."""
+    w = HYBRID
     return f"""
 WITH vector_leg AS (
     SELECT chunk_id FROM chunks
@@ -212,27 +222,69 @@ WITH vector_leg AS (
       AND scope_path = ANY($4::text[]) AND ($5 = '' OR domain = $5)
     ORDER BY embedding::halfvec({dims}) <=> $2::vector({dims})::halfvec({dims})
     LIMIT $6
-), ids AS (
+), ids AS MATERIALIZED (
     SELECT chunk_id FROM vector_leg UNION SELECT unnest($7::uuid[])
+), signals AS (
+    SELECT c.chunk_id, true AS candidate, c.created_at,
+           CASE WHEN c.embedding_dims = {dims} AND c.embedding_model = $3
+                THEN 1 - (c.embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine,
+           NULL::float8 AS bm25
+    FROM ids JOIN chunks c ON c.org_id = $1 AND c.chunk_id = ids.chunk_id
+    UNION ALL
+    SELECT t.chunk_id, false, NULL, NULL,
+           q.weight * t.tf * {K1 + 1.0!r}::float8 / (t.tf + {K1!r}::float8 * CASE WHEN $10::float8 > 0
+               THEN 1.0::float8 - {B!r}::float8 + {B!r}::float8 * t.doc_length / $10::float8 ELSE 1.0::float8 END)
+    FROM chunk_terms t JOIN unnest($8::text[], $9::float8[]) AS q(term, weight) ON q.term = t.term
+    WHERE t.org_id = $1 AND t.term = ANY($8::text[]) AND t.chunk_id = ANY(ARRAY(SELECT chunk_id FROM ids))
+), candidates AS (
+    SELECT chunk_id, max(created_at) AS created_at, max(cosine) AS cosine, coalesce(sum(bm25), 0) AS bm25
+    FROM signals GROUP BY chunk_id HAVING bool_or(candidate)
+), components AS (
+    SELECT chunk_id, created_at, cosine, bm25,
+           CASE WHEN cosine IS NULL OR cosine = 'NaN'::float8 THEN 0.0::float8
+                ELSE least(1.0::float8, greatest(0.0::float8, cosine)) END AS vector,
+           CASE WHEN $11::float8 > 0 AND bm25 > 0 THEN least(1.0::float8, bm25 / $11::float8)
+                ELSE 0.0::float8 END AS lexical,
+           power(0.5::float8, greatest(0.0::float8, extract(epoch FROM $12::timestamptz - created_at)::float8)
+                              / {w.recency_half_life_seconds!r}::float8) AS recency
+    FROM candidates
+), scored AS MATERIALIZED (
+    SELECT *, least(1.0::float8, greatest(0.0::float8, {w.w_vector!r}::float8 * vector
+                                          + {w.w_bm25!r}::float8 * lexical + {w.w_recency!r}::float8 * recency)) AS score
+    FROM components
+), kept AS (
+    SELECT * FROM scored WHERE score >= $13::float8 ORDER BY score DESC, chunk_id::text LIMIT $14
 )
-SELECT false AS postings, c.chunk_id, c.content, c.source_kind, c.source_event_id, c.session_id, c.chunk_index,
-       c.domain, c.scope_path, c.metadata::text AS metadata, c.created_at,
-       CASE WHEN c.embedding_dims = {dims} AND c.embedding_model = $3
-            THEN 1 - (c.embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine,
-       NULL::text[] AS terms, NULL::integer[] AS tfs, NULL::integer AS doc_length
-FROM ids JOIN chunks c ON c.org_id = $1 AND c.chunk_id = ids.chunk_id
+SELECT false AS summary, k.chunk_id, c.content, c.source_kind, c.source_event_id, c.session_id, c.chunk_index,
+       c.domain, c.scope_path, c.metadata::text AS metadata, k.created_at, k.cosine, k.bm25,
+       k.vector, k.lexical, k.recency, k.score, NULL::bigint AS total, NULL::bigint AS above
+FROM kept k CROSS JOIN LATERAL (
+    SELECT content, source_kind, source_event_id, session_id, chunk_index, domain, scope_path, metadata
+    FROM chunks WHERE org_id = $1 AND chunk_id = k.chunk_id
+) AS c
 UNION ALL
-SELECT true, chunk_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       array_agg(term), array_agg(tf), max(doc_length)
-FROM chunk_terms
-WHERE org_id = $1 AND term = ANY($8::text[]) AND chunk_id = ANY(ARRAY(SELECT chunk_id FROM ids))
-GROUP BY chunk_id
+SELECT true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       max(score), count(*), count(*) FILTER (WHERE score >= $13::float8)
+FROM scored
 """
+
+
+@dataclass(frozen=True)
+class FusedPass:
+    """One retrieval pass as the statement returns it: the first `top_k` candidates that clear
+    the floor, best first (ScoredCandidate, payload = the row and its BM25), how many candidates
+    cleared it, how many there were, and the top fused score (None without candidates)."""
+
+    best: list[ScoredCandidate]
+    above: int
+    total: int
+    top_score: float | None
 
 
 class _Retriever:
     def __init__(self, pool: asyncpg.Pool, scope: Scope, domain: str, terms: list[str],
-                 vector: Awaitable[np.ndarray], model_version: str, now: dt.datetime) -> None:
+                 vector: Awaitable[np.ndarray], model_version: str, now: dt.datetime, floor: float,
+                 top_k: int) -> None:
         self.pool = pool
         self.org_id = scope.org_id
         self.scopes = [s.path for s in scope.ancestors()]
@@ -243,8 +295,10 @@ class _Retriever:
         self.vector = vector
         self.model_version = model_version
         self.now = now
+        self.floor = floor
+        self.top_k = top_k
 
-    async def run(self, p: Pool) -> list[ScoredCandidate]:
+    async def run(self, p: Pool) -> FusedPass:
         RETRIEVAL_PASSES.labels("broadened" if p.expanded else "first").inc()
         local = {"hnsw.ef_search": str(int(p.ef_search)), "hnsw.iterative_scan": "relaxed_order"}
         async with org_transaction(self.pool, self.org_id, readonly=True, local=local) as conn:
@@ -252,30 +306,24 @@ class _Retriever:
                 stats, lexical = await self._lexical_leg(conn, p)
             with timed("search", "query_embedding_wait"):
                 vector = await self.vector
-            with timed("search", "vector_leg_and_candidates"):
-                rows = await conn.fetch(_candidates(len(vector)), self.org_id, vector, self.model_version,
-                                        self.scopes, self.domain, p.vector_k, lexical, self.distinct_terms)
-        with timed("search", "fusion"):
-            mass = query_idf_mass(self.terms, stats) if self.terms else 0.0
-            bm25 = bm25_scorer(self.terms, stats)
-            postings = {r["chunk_id"]: r for r in rows if r["postings"]}
-            candidates = []
-            for r in rows:
-                if r["postings"]:
-                    continue
-                held = postings.get(r["chunk_id"])
-                score = bm25(dict(zip(held["terms"], held["tfs"])), held["doc_length"]) if held is not None else 0.0
-                cosine = r["cosine"]
-                # the row itself rides along: a ChunkHit is made only for the results kept (`_hits`)
-                candidates.append(Candidate(str(r["chunk_id"]), None if cosine is None else float(cosine), score,
-                                            r["created_at"], (r, score)))
-            return HYBRID.fuse(candidates, now=self.now, query_idf_mass=mass)
+            with timed("search", "vector_leg_and_fusion"):
+                weights = [stats.idf(t) * n for t, n in self.term_counts.items()]
+                mass = query_idf_mass(self.terms, stats) if self.terms else 0.0
+                rows = await conn.fetch(_fused(len(vector)), self.org_id, vector, self.model_version, self.scopes,
+                                        self.domain, p.vector_k, lexical, self.distinct_terms, weights, stats.avgdl,
+                                        mass, self.now, self.floor, self.top_k)
+        summary = next(r for r in rows if r["summary"])
+        # the row itself rides along: a ChunkHit is made only for the results kept (`_hits`)
+        best = sorted((ScoredCandidate(str(r["chunk_id"]), r["score"], r["vector"], r["lexical"], r["recency"],
+                                       (r, r["bm25"])) for r in rows if not r["summary"]),
+                      key=lambda c: (-c.score, c.chunk_id))
+        return FusedPass(best, summary["above"], summary["total"], summary["score"])
 
     async def _lexical_leg(self, conn: asyncpg.Connection, p: Pool) -> tuple[CorpusStats, list[Any]]:
         """The visible corpus's statistics, and the top `bm25_k` by BM25 over the union of each
         term's best postings (`postings_per_term` of them), ranked in PostgreSQL. A candidate's
         score here counts the terms whose best postings it is among; the exact score of every
-        candidate kept is computed afterwards from all its postings."""
+        candidate is computed by the fusion statement from all its postings."""
         if not self.terms:
             return CorpusStats(0, 0.0), []
         per_term = max(POSTINGS_PER_TERM, 2 * p.bm25_k) * (BROADEN_POSTINGS if p.expanded else 1)

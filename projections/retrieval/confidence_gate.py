@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 __all__ = [
     "BROADEN_FACTOR",
@@ -88,7 +88,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class GateResult:
-    candidates: Sequence  # the fused candidates of the pass that counts
+    candidates: Any  # the pass that counts: its fused candidates, or what the retriever returns
     pool: Pool
     expansion_applied: bool
 
@@ -108,11 +108,13 @@ def retrieve_with_gate(retrieve: Callable[[Pool], Sequence], threshold: float,
     return GateResult(retrieve(wide), wide, True)
 
 
-async def retrieve_with_gate_async(retrieve: Callable[[Pool], Awaitable[Sequence]],
-                                   threshold: float, pool: Pool = DEFAULT_POOL) -> GateResult:
-    """:func:`retrieve_with_gate` for an async retriever."""
+async def retrieve_with_gate_async(retrieve: Callable[[Pool], Awaitable[T]], threshold: float,
+                                   pool: Pool = DEFAULT_POOL, *,
+                                   top_score: Callable[[T], float | None] = _top) -> GateResult:
+    """:func:`retrieve_with_gate` for an async retriever. A pass need not be the candidates
+    themselves: ``top_score`` reads its top fused score (the candidates' highest by default)."""
     first = await retrieve(pool)
-    if pool.expanded or not needs_expansion(_top(first), threshold):
+    if pool.expanded or not needs_expansion(top_score(first), threshold):
         return GateResult(first, pool, False)
     wide = broaden(pool)
     return GateResult(await retrieve(wide), wide, True)

@@ -1,7 +1,8 @@
 """The ONE retrieval classification, shared by Search and AssembleContext.
 
 :func:`classify` takes the fused candidate set (before the floor, before ``top_k``), the
-effective floor and ``top_k``, and returns everything both surfaces report:
+effective floor and ``top_k`` (:func:`classify_ranked` the same set already floored, ranked and
+counted, as the retrieval statement returns it), and returns everything both surfaces report:
 ``results``, ``effective_min_score``, ``results_below_threshold`` and ``outcome``. Because
 ``SearchResponse`` and ``QualityAttestation`` both take their values from one
 :class:`RetrievalResult`, the two surfaces cannot disagree about one retrieval.
@@ -50,6 +51,7 @@ __all__ = [
     "RetrievalResult",
     "Scored",
     "classify",
+    "classify_ranked",
     "name",
     "outcome_name",
     "resolve_min_score",
@@ -151,6 +153,11 @@ def _check_floor(floor: float) -> None:
         raise ValueError(f"effective_min_score must be in (0, 1], got {floor!r}")
 
 
+def _check_top_k(top_k: int) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+
+
 def _clears(score: float, floor: float) -> bool:
     return not math.isnan(score) and score >= floor
 
@@ -161,22 +168,34 @@ def classify(candidates: Sequence[S], effective_min_score: float, top_k: int) ->
     ``candidates`` is the full fused candidate set, unique by ``chunk_id``, in any order.
     """
     _check_floor(effective_min_score)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    _check_top_k(top_k)
     ids = [c.chunk_id for c in candidates]
     if len(set(ids)) != len(ids):
         raise ValueError("candidates must be unique by chunk_id")
     above = [c for c in candidates if _clears(c.score, effective_min_score)]
-    below = len(candidates) - len(above)
     above.sort(key=lambda c: (-c.score, str(c.chunk_id)))
-    if not candidates:
+    return classify_ranked(above[:top_k], len(above), len(candidates), effective_min_score, top_k)
+
+
+def classify_ranked(best: Sequence[S], above: int, total: int, effective_min_score: float,
+                    top_k: int) -> RetrievalResult:
+    """:func:`classify` for a candidate set the floor was applied to elsewhere (the retrieval
+    statement fuses and ranks in PostgreSQL): ``best`` = the first ``min(top_k, above)``
+    candidates that clear the floor, best first; ``above`` of the ``total`` candidates cleared
+    it. The outcome is named here and only here."""
+    _check_floor(effective_min_score)
+    _check_top_k(top_k)
+    if not 0 <= above <= total or len(best) != min(top_k, above):
+        raise ValueError(f"inconsistent counts: {len(best)} best of {above} above the floor of {total}")
+    if any(not _clears(c.score, effective_min_score) for c in best):
+        raise ValueError("every one of the best candidates must clear the floor")
+    if total == 0:
         outcome = Outcome.NO_RESULTS
-    elif not above:
+    elif above == 0:
         outcome = Outcome.BELOW_THRESHOLD
     else:
         outcome = Outcome.OK
-    return RetrievalResult(tuple(above[:top_k]), float(effective_min_score), below, outcome,
-                           len(candidates))
+    return RetrievalResult(tuple(best), float(effective_min_score), total - above, outcome, total)
 
 
 def resolve_min_score(requested: float | None, tenant_default: float) -> float:

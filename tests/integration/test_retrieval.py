@@ -18,9 +18,11 @@ from prometheus_client import REGISTRY
 from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.inference.tokens import count_tokens
-from context_engine.projections.retrieval.bm25 import analyze
+from context_engine.projections.retrieval.bm25 import analyze, bm25_scorer, query_idf_mass
 from context_engine.projections.retrieval.confidence_gate import Pool
-from context_engine.projections.search import _candidates, _Retriever
+from context_engine.projections.retrieval.fusion import HYBRID, Candidate
+from context_engine.projections.retrieval.outcome import classify
+from context_engine.projections.search import _fused, _Retriever
 from context_engine.projections.migrate import APP_ROLE
 from context_engine.scope import Scope
 from context_engine.streams.replay import create_database, drop_database, read_log, replay
@@ -231,7 +233,7 @@ async def test_bm25_equals_the_reference_over_the_visible_corpus(engine):
 
     # The lexical leg ranks in PostgreSQL: the reference's order over the visible corpus (ties by
     # chunk id), keeping chunks that hold at least half the distinct query terms (2 of 3).
-    retriever = _Retriever(None, Scope(org, "p", "t"), "", analyze(query), None, "", None)
+    retriever = _Retriever(None, Scope(org, "p", "t"), "", analyze(query), None, "", None, 1e-6, 50)
     conn = await asyncpg.connect(engine.settings.database_url)
     try:
         async with conn.transaction():
@@ -252,30 +254,85 @@ def plan_nodes(node: dict):
         yield from plan_nodes(child)
 
 
-async def test_the_candidates_postings_are_read_once_under_row_level_security(corpus, engine):
-    """As the API's role, in an org of a few chunks, the planner misjudged the candidates at one
-    row and read their postings once per candidate (234 ms at 419 candidates): the statement must
-    read chunk_terms in one pass whatever it estimates."""
-    org, _caller = corpus
+async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: int, vector_k: int = 50,
+                        explain: bool = False):
+    """The fusion statement (`_fused`) as the API's role: every chunk of the org a lexical
+    candidate, the first chunk's vector as the query vector. Returns its rows, the statistics
+    it was given, each chunk's postings of the query terms (and its length under ""), the ids,
+    the time it scored recency at, and the plan when `explain`."""
+    terms = analyze(query)
+    retriever = _Retriever(None, Scope(org, "p", "t"), "", terms, None, "", None, floor, top_k)
+    now = dt.datetime.now(dt.UTC)
     conn = await asyncpg.connect(engine.settings.database_url)
     try:
         await register_vector(conn)
         async with conn.transaction():
             await conn.execute(f"SET LOCAL ROLE {APP_ROLE}")
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
+            stats, _ranked = await retriever._lexical_leg(conn, Pool(bm25_k=50))
             vector, model, ids = await conn.fetchrow(
-                "SELECT (array_agg(embedding))[1], max(embedding_model), array_agg(chunk_id) FROM chunks")
-            terms = analyze("support group sunrise camping conference")
-            plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + _candidates(384),
-                                       org, vector, model, [org], "", 50, ids, terms)
-            rows = await conn.fetch(_candidates(384), org, vector, model, [org], "", 50, ids, terms)
+                "SELECT (array_agg(embedding ORDER BY chunk_id))[1], max(embedding_model), array_agg(chunk_id) FROM chunks")
+            distinct = list(retriever.term_counts)
+            args = (org, vector, model, [org], "", vector_k, ids, distinct,
+                    [stats.idf(t) * n for t, n in retriever.term_counts.items()], stats.avgdl,
+                    query_idf_mass(terms, stats), now, floor, top_k)
+            plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + _fused(384), *args) if explain else None
+            rows = await conn.fetch(_fused(384), *args)
+            postings = {r["chunk_id"]: dict(zip(r["terms"], r["tfs"])) | {"": r["doc_length"]} for r in await conn.fetch(
+                "SELECT chunk_id, array_agg(term) AS terms, array_agg(tf) AS tfs, max(doc_length) AS doc_length "
+                "FROM chunk_terms WHERE term = ANY($1::text[]) GROUP BY chunk_id", distinct)}
     finally:
         await conn.close()
+    return rows, stats, postings, ids, now, plan
+
+
+async def test_the_candidates_postings_are_read_once_under_row_level_security(corpus, engine):
+    """As the API's role, in an org of a few chunks, the planner misjudged the candidates at one
+    row and read their postings once per candidate (234 ms at 419 candidates): the statement must
+    read chunk_terms in one pass whatever it estimates."""
+    org, _caller = corpus
+    rows, _stats, postings, ids, _now, plan = await _fused_as_app(
+        engine, org, "support group sunrise camping conference", floor=1e-6, top_k=50, explain=True)
     reads = [n for n in plan_nodes(orjson.loads(plan)[0]["Plan"]) if n.get("Relation Name") == "chunk_terms"]
     assert reads and all(n["Actual Loops"] == 1 for n in reads)
-    assert sorted(str(r["chunk_id"]) for r in rows if not r["postings"]) == sorted(map(str, ids))
-    assert {r["chunk_id"] for r in rows if r["postings"]} <= set(ids)
-    assert sum(r["postings"] for r in rows) == 4  # the turns holding a query term: all but the adoption one
+    summary = next(r for r in rows if r["summary"])
+    assert summary["total"] == summary["above"] == len(ids)
+    assert sorted(str(r["chunk_id"]) for r in rows if not r["summary"]) == sorted(map(str, ids))
+    assert len(postings) == 4  # the turns holding a query term: all but the adoption one
+
+
+async def test_the_fusion_statement_computes_hybrid_exactly(corpus, engine):
+    """PostgreSQL fuses (`_fused`); `WeightedFusion.score_one` and `bm25_scorer` stay the
+    reference: every kept candidate's BM25, components and score equal theirs, the floor and
+    top_k cut where `classify` would, and the summary counts what the floor removed."""
+    org, _caller = corpus
+    query = "support group camping trip with the kids"
+    rows, stats, postings, ids, now, _plan = await _fused_as_app(engine, org, query, floor=1e-6, top_k=50)
+    scorer = bm25_scorer(analyze(query), stats)
+    reference = {}
+    for r in (r for r in rows if not r["summary"]):
+        held = postings.get(r["chunk_id"], {"": 0})
+        bm25 = scorer({t: n for t, n in held.items() if t}, held[""]) if r["chunk_id"] in postings else 0.0
+        assert r["bm25"] == pytest.approx(bm25, rel=1e-12, abs=1e-12)
+        expected = HYBRID.score_one(Candidate(str(r["chunk_id"]), r["cosine"], bm25, r["created_at"]), now=now,
+                                    query_idf_mass=query_idf_mass(analyze(query), stats))
+        for name in ("score", "vector", "lexical", "recency"):
+            assert r[name] == pytest.approx(getattr(expected, name), rel=1e-12, abs=1e-12), name
+        reference[str(r["chunk_id"])] = expected
+    assert len(reference) == len(ids)
+    assert any(s.lexical > 0 for s in reference.values()) and any(s.lexical == 0 for s in reference.values())
+
+    scores = sorted(s.score for s in reference.values())
+    floor = (scores[1] + scores[2]) / 2  # two candidates under it
+    rows, *_ = await _fused_as_app(engine, org, query, floor=floor, top_k=2)
+    want = classify(list(reference.values()), floor, 2)
+    summary = next(r for r in rows if r["summary"])
+    assert [str(r["chunk_id"]) for r in sorted((r for r in rows if not r["summary"]), key=lambda r: -r["score"])] \
+        == [c.chunk_id for c in want.results]
+    assert (summary["total"], summary["total"] - summary["above"]) == (len(ids), want.results_below_threshold) \
+        == (len(ids), 2)
+    assert summary["score"] == max(r["score"] for r in rows if not r["summary"])
+    assert summary["score"] == pytest.approx(scores[-1], abs=1e-6)  # a moment later: recency moved
 
 
 async def test_the_vector_leg_can_use_the_half_precision_hnsw_index(corpus, engine):
@@ -294,8 +351,8 @@ async def test_the_vector_leg_can_use_the_half_precision_hnsw_index(corpus, engi
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
             await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
             vector, model = await conn.fetchrow("SELECT (array_agg(embedding))[1], max(embedding_model) FROM chunks")
-            plan = await conn.fetchval("EXPLAIN (FORMAT JSON) " + _candidates(384),
-                                       org, vector, model, [org], "", 50, [], ["support"])
+            plan = await conn.fetchval("EXPLAIN (FORMAT JSON) " + _fused(384), org, vector, model, [org], "", 50,
+                                       [], ["support"], [1.0], 10.0, 1.0, dt.datetime.now(dt.UTC), 0.25, 10)
     finally:
         await conn.close()
     assert "chunks_embedding_384" in {n.get("Index Name") for n in plan_nodes(orjson.loads(plan)[0]["Plan"])}

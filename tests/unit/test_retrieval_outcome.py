@@ -229,3 +229,42 @@ def test_retrieve_with_gate_async():
     res = asyncio.run(gate.retrieve_with_gate_async(retrieve, 0.5))
     assert res.expansion_applied and res.pool.expanded and res.candidates[0].score == 0.9
     assert not math.isnan(res.candidates[0].score)
+
+
+def test_retrieve_with_gate_async_reads_a_pass_through_top_score():
+    @dataclass(frozen=True)
+    class Counted:  # what the fusion statement returns: the best few and the top score
+        best: list
+        top: float | None
+
+    async def retrieve(pool):
+        return Counted(hits(0.8), 0.8) if pool.expanded else Counted([], 0.2)
+
+    res = asyncio.run(gate.retrieve_with_gate_async(retrieve, 0.5, top_score=lambda p: p.top))
+    assert res.expansion_applied and res.candidates.top == 0.8
+    res = asyncio.run(gate.retrieve_with_gate_async(retrieve, 0.1, top_score=lambda p: p.top))
+    assert not res.expansion_applied and res.candidates.top == 0.2
+
+
+# ------------------------------------------------- classification of a ranked, counted set
+
+
+@pytest.mark.parametrize("scores", [(), (0.69, 0.2, 0.0), (0.9, 0.1, 0.75, 0.3), (0.9, 0.8, 0.75, 0.71, 0.1)])
+def test_classify_ranked_agrees_with_classify(scores):
+    """The fusion statement floors, ranks and counts in PostgreSQL: naming the outcome from its
+    counts gives what classifying the whole set gives."""
+    whole = classify(hits(*scores), 0.7, 2)
+    above = sorted((h for h in hits(*scores) if h.score >= 0.7), key=lambda h: -h.score)
+    ranked = oc.classify_ranked(above[:2], len(above), len(scores), 0.7, 2)
+    assert ranked == whole
+
+
+def test_classify_ranked_refuses_inconsistent_counts():
+    with pytest.raises(ValueError, match="inconsistent"):
+        oc.classify_ranked(hits(0.9), 2, 3, 0.7, 10)  # 2 cleared the floor, only 1 given
+    with pytest.raises(ValueError, match="inconsistent"):
+        oc.classify_ranked(hits(0.9), 1, 0, 0.7, 10)  # more above than in all
+    with pytest.raises(ValueError, match="clear the floor"):
+        oc.classify_ranked(hits(0.5), 1, 1, 0.7, 10)
+    with pytest.raises(ValueError, match="top_k"):
+        oc.classify_ranked([], 0, 0, 0.7, 0)
