@@ -300,14 +300,14 @@ async def _retrieve(deps: Deps, scope, visible: list[str], task: str, floor: flo
     if not task.strip():
         return None, "no task_description: recency-only context"
     try:
-        org = scope.org_id
-        async with org_transaction(deps.pool, org, readonly=True) as conn:
+        async def depth(conn) -> int:  # on the retrieval's own transaction: no round trips of its own
             totals = await conn.fetchrow(
                 "SELECT coalesce(sum(token_total), 0)::bigint AS tokens, coalesce(sum(n_docs), 0)::bigint AS chunks "
                 "FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[])",
-                org, visible)
-        top_k = retrieval_depth(token_budget, totals["tokens"], totals["chunks"])
-        return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task, top_k=top_k), floor), ""
+                scope.org_id, visible)
+            return retrieval_depth(token_budget, totals["tokens"], totals["chunks"])
+
+        return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task), floor, depth=depth), ""
     except DomainError as exc:
         if isinstance(exc, InvalidArgument):
             raise InvalidArgument("task_description", exc.message) from exc

@@ -78,19 +78,39 @@ async def transaction_state_only(conn: asyncpg.Connection) -> None:
     still rolls back an open transaction itself. Saves one round trip per call on the hot paths."""
 
 
+def sql_literal(value: str) -> str:
+    """`value` as a SQL string literal, for the few scripts that must go in one round trip with
+    more than one statement (the extended protocol that carries parameters takes one). Safe only
+    under standard_conforming_strings = on, PostgreSQL's default, which `require_standard_strings`
+    checks: then a literal is ended only by a quote, and quotes are doubled."""
+    if "\x00" in value:
+        raise ValueError(f"a NUL character cannot be sent to PostgreSQL: {value!r}")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def require_standard_strings(conn: asyncpg.Connection) -> None:
+    if conn.get_settings().standard_conforming_strings != "on":
+        raise DatabaseRoleError("standard_conforming_strings must be on (PostgreSQL's default): "
+                                "SQL literals are built for it")
+
+
 @asynccontextmanager
 async def org_transaction(pool: asyncpg.Pool, org_id: str, *, readonly: bool = False,
                           local: Mapping[str, str] | None = None) -> AsyncIterator[asyncpg.Connection]:
     """A connection inside a transaction in which `app.org_id` = org_id (transaction-local),
-    and each setting of `local` too (e.g. `hnsw.ef_search`, `lock_timeout`), all set in one round
-    trip."""
+    and each setting of `local` too (e.g. `hnsw.ef_search`, `lock_timeout`): BEGIN and the
+    settings go in one script, one round trip (every RPC opens at least one of these). On an
+    exception the pool's release rolls the transaction back (asyncpg does on every release of
+    a connection in a transaction)."""
     if not org_id:
         raise ValueError("org_id is required")
-    names = ["app.org_id", *(local or {})]
-    if not all(_SETTING_NAME.fullmatch(n) for n in names):  # names are code, never input
-        raise ValueError(f"not a setting name: {names}")
-    values = [org_id, *(local or {}).values()]
-    statement = "SELECT " + ", ".join(f"set_config('{n}', ${i}, true)" for i, n in enumerate(names, 1))
-    async with pool.acquire() as conn, conn.transaction(readonly=readonly):
-        await conn.execute(statement, *values)
+    settings = {"app.org_id": org_id, **(local or {})}
+    if not all(_SETTING_NAME.fullmatch(n) for n in settings):  # names are code, never input
+        raise ValueError(f"not a setting name: {list(settings)}")
+    opening = ("BEGIN READ ONLY" if readonly else "BEGIN") + ";\nSELECT " + ", ".join(
+        f"set_config('{n}', {sql_literal(v)}, true)" for n, v in settings.items())
+    async with pool.acquire() as conn:
+        require_standard_strings(conn)
+        await conn.execute(opening)
         yield conn
+        await conn.execute("COMMIT")

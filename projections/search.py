@@ -1,7 +1,8 @@
 """Hybrid retrieval over the chunk read models: the Search RPC's query, reused by assembly.
 
-One pass (`_Retriever.run`) for a `Pool`, two statements in one read-only transaction, the query
-embedding computed on a thread meanwhile:
+One read-only transaction for the retrieval (and for its broadened pass when the gate fires); one
+pass (`_Retriever.run`) for a `Pool` is two statements, the query embedding computed on a thread
+meanwhile:
 1. corpus statistics of the caller's visible corpus — searchable chunks owned at the caller's
    scope or an ancestor's (ARCHITECTURE.md section 6), within `domain` when given: N and total
    length from `corpus_stats`, df per query term from `term_stats` (both maintained by the
@@ -34,7 +35,7 @@ import dataclasses
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Callable
 
 import asyncpg
 import numpy as np
@@ -61,6 +62,7 @@ from context_engine.scope import Scope
 MAX_QUERY_BYTES = 16 * 1024
 MAX_DOMAIN_CHARS = 128
 MIN_POOL = 50
+FIRST_EF_SEARCH = Pool().ef_search  # the first pass's; pgvector's iterative scan goes past it as needed
 POSTINGS_PER_TERM = 300  # best postings read per query term (x4 when the gate broadens)
 BROADEN_POSTINGS = 4
 
@@ -114,20 +116,30 @@ def validate(q: SearchQuery) -> tuple[str, str]:
 
 
 async def search(pool: asyncpg.Pool, query_vectors: QueryVectors, scope: Scope, q: SearchQuery,
-                 tenant_min_score: float, *, now: dt.datetime | None = None) -> SearchOutcome:
+                 tenant_min_score: float, *, now: dt.datetime | None = None,
+                 depth: Callable[[asyncpg.Connection], Awaitable[int]] | None = None) -> SearchOutcome:
+    """`depth`, when given, replaces `q.top_k`: it reads what it needs on the retrieval's own
+    connection and transaction (AssembleContext's depth follows the visible corpus's totals)."""
     query, domain = validate(q)
     top_k = resolve_top_k(q.top_k)
     floor = resolve_min_score(q.min_score, tenant_min_score)
-    # The query embedding runs on its own thread while the lexical leg's statement runs.
-    async with alongside(_embed_query(query_vectors, scope.org_id, query)) as embedding:
-        retriever = _Retriever(pool, scope, domain, analyze(query), embedding, query_vectors.model_version,
+    # The query embedding runs on its own thread while the statements before it need no vector.
+    async with alongside(_embed_query(query_vectors, scope.org_id, query)) as embedding, \
+            org_transaction(pool, scope.org_id, readonly=True, local=_pass_settings(FIRST_EF_SEARCH)) as conn:
+        if depth is not None:
+            top_k = await depth(conn)
+        retriever = _Retriever(conn, scope, domain, analyze(query), embedding, query_vectors.model_version,
                                now or dt.datetime.now(dt.UTC), floor, top_k)
-        first = Pool(vector_k=max(MIN_POOL, 2 * top_k), bm25_k=max(MIN_POOL, 2 * top_k))
+        first = Pool(vector_k=max(MIN_POOL, 2 * top_k), bm25_k=max(MIN_POOL, 2 * top_k), ef_search=FIRST_EF_SEARCH)
         gate = await retrieve_with_gate_async(retriever.run, floor, first, top_score=lambda p: p.top_score)
     with timed("search", "classify"):
         fused: FusedPass = gate.candidates
         result = _hits(classify_ranked(fused.best, fused.above, fused.total, floor, top_k))
     return SearchOutcome(result, gate.expansion_applied, query_vectors.model_version)
+
+
+def _pass_settings(ef_search: int) -> dict[str, str]:
+    return {"hnsw.ef_search": str(int(ef_search)), "hnsw.iterative_scan": "relaxed_order"}
 
 
 def _hits(result: RetrievalResult) -> RetrievalResult:
@@ -282,10 +294,13 @@ class FusedPass:
 
 
 class _Retriever:
-    def __init__(self, pool: asyncpg.Pool, scope: Scope, domain: str, terms: list[str],
+    """The passes of one retrieval, on the connection and read-only transaction `search` holds
+    (begun with the first pass's HNSW settings)."""
+
+    def __init__(self, conn: asyncpg.Connection, scope: Scope, domain: str, terms: list[str],
                  vector: Awaitable[np.ndarray], model_version: str, now: dt.datetime, floor: float,
                  top_k: int) -> None:
-        self.pool = pool
+        self.conn = conn
         self.org_id = scope.org_id
         self.scopes = [s.path for s in scope.ancestors()]
         self.domain = domain
@@ -300,18 +315,19 @@ class _Retriever:
 
     async def run(self, p: Pool) -> FusedPass:
         RETRIEVAL_PASSES.labels("broadened" if p.expanded else "first").inc()
-        local = {"hnsw.ef_search": str(int(p.ef_search)), "hnsw.iterative_scan": "relaxed_order"}
-        async with org_transaction(self.pool, self.org_id, readonly=True, local=local) as conn:
-            with timed("search", "lexical_leg"):
-                stats, lexical = await self._lexical_leg(conn, p)
-            with timed("search", "query_embedding_wait"):
-                vector = await self.vector
-            with timed("search", "vector_leg_and_fusion"):
-                weights = [stats.idf(t) * n for t, n in self.term_counts.items()]
-                mass = query_idf_mass(self.terms, stats) if self.terms else 0.0
-                rows = await conn.fetch(_fused(len(vector)), self.org_id, vector, self.model_version, self.scopes,
-                                        self.domain, p.vector_k, lexical, self.distinct_terms, weights, stats.avgdl,
-                                        mass, self.now, self.floor, self.top_k)
+        conn = self.conn
+        if p.ef_search != FIRST_EF_SEARCH:  # the broadened pass explores more of the graph
+            await conn.execute("SELECT set_config('hnsw.ef_search', $1, true)", str(int(p.ef_search)))
+        with timed("search", "lexical_leg"):
+            stats, lexical = await self._lexical_leg(conn, p)
+        with timed("search", "query_embedding_wait"):
+            vector = await self.vector
+        with timed("search", "vector_leg_and_fusion"):
+            weights = [stats.idf(t) * n for t, n in self.term_counts.items()]
+            mass = query_idf_mass(self.terms, stats) if self.terms else 0.0
+            rows = await conn.fetch(_fused(len(vector)), self.org_id, vector, self.model_version, self.scopes,
+                                    self.domain, p.vector_k, lexical, self.distinct_terms, weights, stats.avgdl,
+                                    mass, self.now, self.floor, self.top_k)
         summary = next(r for r in rows if r["summary"])
         # the row itself rides along: a ChunkHit is made only for the results kept (`_hits`)
         best = sorted((ScoredCandidate(str(r["chunk_id"]), r["score"], r["vector"], r["lexical"], r["recency"],

@@ -101,6 +101,7 @@ from context_engine.events import (
     decode,
 )
 from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
+from context_engine.projections.database import require_standard_strings, sql_literal
 from context_engine.scope import Scope
 
 from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, pii_scan_job
@@ -673,17 +674,8 @@ class _OrgApplier:
 # A batch's transaction is opened and closed by two scripts of plain statements, one round trip
 # each: under ingest load every round trip to PostgreSQL costs ~0.5 ms of waiting, and these
 # were seven (BEGIN, two set_config, the offsets, the NOTIFY, COMMIT) of a batch's ~10.
-# Their values are written as literals, which needs standard_conforming_strings (PostgreSQL's
-# default): then a literal is only ever ended by a quote, and quotes are doubled.
-
-def _literal(value: str) -> str:
-    if "\x00" in value:
-        raise ProjectionError(f"a NUL character cannot be written to PostgreSQL: {value!r}")
-    return "'" + value.replace("'", "''") + "'"
-
-
 def _set_org_sql(org_id: str) -> str:
-    return f"SELECT set_config('app.org_id', {_literal(org_id)}, true)"
+    return f"SELECT set_config('app.org_id', {sql_literal(org_id)}, true)"
 
 
 def _opening(projector: str, records: Sequence[LogRecord], first_org: str) -> str:
@@ -693,7 +685,7 @@ def _opening(projector: str, records: Sequence[LogRecord], first_org: str) -> st
     for r in records:
         key = (r.topic, r.partition)
         high[key] = max(high.get(key, -1), r.offset)
-    rows = ", ".join(f"({_literal(SYSTEM_ORG)}, {_literal(projector)}, {_literal(t)}, {int(p)}, {int(o)})"
+    rows = ", ".join(f"({sql_literal(SYSTEM_ORG)}, {sql_literal(projector)}, {sql_literal(t)}, {int(p)}, {int(o)})"
                      for (t, p), o in high.items())
     return ";\n".join((
         _set_org_sql(SYSTEM_ORG),
@@ -708,15 +700,14 @@ def _closing(notifications: tuple[str, list[str]] | None) -> str:
     if not notifications or not notifications[1]:
         return ""
     channel, payloads = notifications
-    return "SELECT " + ", ".join(f"pg_notify({_literal(channel)}, {_literal(p)})" for p in payloads)
+    return "SELECT " + ", ".join(f"pg_notify({sql_literal(channel)}, {sql_literal(p)})" for p in payloads)
 
 
 @contextlib.asynccontextmanager
 async def _batch_transaction(conn: asyncpg.Connection, opening: str, closing: Callable[[], str]):
     """`opening` then the body then `closing`, in one transaction: begun and committed here,
     within the same scripts, unless the caller already holds one."""
-    if conn.get_settings().standard_conforming_strings != "on":
-        raise ProjectionError("the projector needs standard_conforming_strings = on (PostgreSQL's default)")
+    require_standard_strings(conn)
     own = not conn.is_in_transaction()
     try:
         await conn.execute(("BEGIN;\n" if own else "") + opening)

@@ -229,3 +229,32 @@ async def test_an_org_transactions_settings_end_with_it_on_a_pooled_connection(f
                 pass
     finally:
         await pool.close()
+
+
+async def test_an_org_transaction_opens_in_one_script_and_ends_on_failure(fresh_db: str) -> None:
+    """BEGIN and the settings go as one script with the values as literals: a value holding
+    quotes is set exactly, never run; READ ONLY holds; a failure inside leaves the pooled
+    connection outside any transaction and without the org's setting."""
+    await migrate(fresh_db, app_password=APP_PASSWORD)
+    pool = await create_pool(app_url(fresh_db, APP_ROLE, APP_PASSWORD), min_size=1, max_size=1)
+    tricky = "org'; SELECT pg_sleep(10); --"
+    try:
+        async with org_transaction(pool, tricky, readonly=True, local={"lock_timeout": "1234ms"}) as conn:
+            assert conn.is_in_transaction()
+            assert await conn.fetchval("SELECT current_setting('app.org_id')") == tricky
+            assert await conn.fetchval("SELECT current_setting('lock_timeout')") == "1234ms"
+            with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+                await conn.execute("CREATE TEMP TABLE t (x int)")
+        with pytest.raises(RuntimeError, match="inside"):
+            async with org_transaction(pool, "org-a") as conn:
+                await conn.execute("CREATE TEMP TABLE kept_if_committed (x int)")
+                raise RuntimeError("a failure inside the block")
+        async with pool.acquire() as conn:
+            assert not conn.is_in_transaction()
+            assert not await conn.fetchval("SELECT current_setting('app.org_id', true)")
+            assert await conn.fetchval("SELECT to_regclass('pg_temp.kept_if_committed')") is None
+        with pytest.raises(ValueError, match="NUL"):
+            async with org_transaction(pool, "org\x00a"):
+                pass
+    finally:
+        await pool.close()
