@@ -31,7 +31,6 @@ also filters on org_id to keep the indexes in use. Each stage's time is a Promet
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
@@ -134,7 +133,7 @@ async def search(pool: asyncpg.Pool, query_vectors: QueryVectors, scope: Scope, 
         gate = await retrieve_with_gate_async(retriever.run, floor, first, top_score=lambda p: p.top_score)
     with timed("search", "classify"):
         fused: FusedPass = gate.candidates
-        result = _hits(classify_ranked(fused.best, fused.above, fused.total, floor, top_k))
+        result = classify_ranked(fused.best, fused.above, fused.total, floor, top_k)
     return SearchOutcome(result, gate.expansion_applied, query_vectors.model_version)
 
 
@@ -142,16 +141,12 @@ def _pass_settings(ef_search: int) -> dict[str, str]:
     return {"hnsw.ef_search": str(int(ef_search)), "hnsw.iterative_scan": "relaxed_order"}
 
 
-def _hits(result: RetrievalResult) -> RetrievalResult:
-    """The results kept, each with its ChunkHit made from the candidate's row (assembly keeps
-    ~200 of ~700 candidates: building every hit was a quarter of the fusion stage)."""
-    return dataclasses.replace(result, results=tuple(
-        dataclasses.replace(s, payload=_hit(*s.payload)) for s in result.results))
-
-
-def _hit(r: asyncpg.Record, bm25: float) -> ChunkHit:
-    return ChunkHit(str(r["chunk_id"]), r["content"], r["source_kind"], str(r["source_event_id"]), r["session_id"],
-                    r["chunk_index"], r["domain"], r["scope_path"], _metadata(r["metadata"]), r["created_at"], bm25)
+def _scored(r: asyncpg.Record) -> ScoredCandidate:
+    """A kept candidate of the fusion statement, with its ChunkHit."""
+    chunk_id = str(r["chunk_id"])
+    hit = ChunkHit(chunk_id, r["content"], r["source_kind"], str(r["source_event_id"]), r["session_id"],
+                   r["chunk_index"], r["domain"], r["scope_path"], _metadata(r["metadata"]), r["created_at"], r["bm25"])
+    return ScoredCandidate(chunk_id, r["score"], r["vector"], r["lexical"], r["recency"], hit)
 
 
 async def _embed_query(query_vectors: QueryVectors, org_id: str, query: str) -> np.ndarray:
@@ -284,7 +279,7 @@ FROM scored
 @dataclass(frozen=True)
 class FusedPass:
     """One retrieval pass as the statement returns it: the first `top_k` candidates that clear
-    the floor, best first (ScoredCandidate, payload = the row and its BM25), how many candidates
+    the floor, best first (ScoredCandidate, payload = its ChunkHit), how many candidates
     cleared it, how many there were, and the top fused score (None without candidates)."""
 
     best: list[ScoredCandidate]
@@ -328,11 +323,9 @@ class _Retriever:
             rows = await conn.fetch(_fused(len(vector)), self.org_id, vector, self.model_version, self.scopes,
                                     self.domain, p.vector_k, lexical, self.distinct_terms, weights, stats.avgdl,
                                     mass, self.now, self.floor, self.top_k)
-        summary = next(r for r in rows if r["summary"])
-        # the row itself rides along: a ChunkHit is made only for the results kept (`_hits`)
-        best = sorted((ScoredCandidate(str(r["chunk_id"]), r["score"], r["vector"], r["lexical"], r["recency"],
-                                       (r, r["bm25"])) for r in rows if not r["summary"]),
-                      key=lambda c: (-c.score, c.chunk_id))
+        with timed("search", "results"):
+            summary = next(r for r in rows if r["summary"])
+            best = sorted((_scored(r) for r in rows if not r["summary"]), key=lambda c: (-c.score, c.chunk_id))
         return FusedPass(best, summary["above"], summary["total"], summary["score"])
 
     async def _lexical_leg(self, conn: asyncpg.Connection, p: Pool) -> tuple[CorpusStats, list[Any]]:
