@@ -319,13 +319,27 @@ REMEMBERED_MAX_CHARS = 4096
 REMEMBERED_ENTRIES = 100_000  # ~40 MB at chat-turn lengths
 
 
+# Where a text may be cut and counted in parts with the same total: right after "\n\n" when the
+# next character is neither whitespace nor "/". tiktoken counts each piece its encoding's pattern
+# splits the text into; for cl100k_base and o200k_base no piece runs from the newlines into such a
+# character (the whitespace alternatives end at the last newline, the punctuation alternative's
+# newline tail stops before a non-newline, except o200k's, which takes a "/" too: hence the
+# exception), and the pieces before the cut do not depend on what follows it. A prompt is its
+# blocks joined by "\n\n", so its count is the sum of its blocks' remembered counts.
+_PARAGRAPH_CUT = re.compile(r"(?<=\n\n)(?=[^\s/])")
+
+
 def count_tokens_remembered(text: str, model_id: str = "") -> int:
     """:func:`count_tokens`, remembering the counts of short texts (per encoding, least recently
     used out first). AssembleContext counts the same session turns and corpus chunks on call
-    after call: counting was a quarter of its CPU at 100,000 chunks (docs/benchmarks.md)."""
-    if len(text) > REMEMBERED_MAX_CHARS:
-        return count_tokens(text, model_id)
-    return _remembered_count(encoding_name_for_model(model_id), text)
+    after call: counting was a quarter of its CPU at 100,000 chunks (docs/benchmarks.md). A long
+    text (a whole prompt) is counted as the sum of its paragraphs (`_PARAGRAPH_CUT`), the same
+    number, so a prompt made of blocks already counted costs lookups, not a fresh encoding."""
+    encoding = encoding_name_for_model(model_id)
+    if len(text) <= REMEMBERED_MAX_CHARS:
+        return _remembered_count(encoding, text)
+    return sum(_remembered_count(encoding, part) if len(part) <= REMEMBERED_MAX_CHARS
+               else count_tokens(part, model_id) for part in _PARAGRAPH_CUT.split(text))
 
 
 @functools.lru_cache(maxsize=REMEMBERED_ENTRIES)
