@@ -162,8 +162,9 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
     kinds = {b.kind for b in blocks}
     slack = budget - tokens
     fill = [b for b in candidates if ("retrieved", b.key) not in taken_keys]
+    retrieved_sources = {x.source for x in blocks if x.kind == "retrieved"}
     older = [b for b in history_newest_first if ("history", b.key) not in taken_keys
-             and not (b.source and b.source in {x.source for x in blocks if x.kind == "retrieved"})]
+             and not (b.source and b.source in retrieved_sources)]
     for b in [*fill, *older]:
         heading = 0 if b.kind in kinds else cost(HEADINGS[b.kind])
         if cost(b.text) + heading > slack + FILL_TOLERANCE:
