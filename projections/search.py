@@ -335,14 +335,20 @@ class _Retriever:
         candidate is computed by the fusion statement from all its postings."""
         if not self.terms:
             return CorpusStats(0, 0.0), []
+        statement, args = self.lexical_statement(p)
+        row = await conn.fetchrow(statement, *args)
+        stats = CorpusStats.from_totals(row["n"], row["total"], dict(zip(row["df_terms"] or (), row["df_values"] or ())))
+        return stats, list(row["ranked"] or ())
+
+    def lexical_statement(self, p: Pool) -> tuple[str, tuple[Any, ...]]:
+        """The lexical leg's statement and its arguments for pool `p` (bench/retrieval_floor.py
+        times it on its own)."""
         per_term = max(POSTINGS_PER_TERM, 2 * p.bm25_k) * (BROADEN_POSTINGS if p.expanded else 1)
         # Terms the visible corpus does not hold at all cannot be required of a candidate: the
         # statement caps this at the number of query terms it holds.
         required = max(1, minimum_should_match(len(self.distinct_terms), p.bm25_min_match_fraction))
-        row = await conn.fetchrow(_LEXICAL, self.org_id, self.distinct_terms, self.scopes, self.domain, per_term,
-                                  list(self.term_counts.values()), required, p.bm25_k)
-        stats = CorpusStats.from_totals(row["n"], row["total"], dict(zip(row["df_terms"] or (), row["df_values"] or ())))
-        return stats, list(row["ranked"] or ())
+        return _LEXICAL, (self.org_id, self.distinct_terms, self.scopes, self.domain, per_term,
+                          list(self.term_counts.values()), required, p.bm25_k)
 
 
 def _metadata(text: str) -> dict[str, Any]:

@@ -1,0 +1,116 @@
+"""PostgreSQL's own time for one AssembleContext retrieval, with nothing else running.
+
+Starts only the embedded PostgreSQL of a data directory a load bench left (`bench/search.py
+--home DIR --keep`), and for LoCoMo questions embedded by the default model runs, as the API's
+role under row-level security, the two statements of a retrieval pass at AssembleContext's depth
+for the given budget (the lexical leg, then the vector leg with fusion), each under `EXPLAIN
+(ANALYZE, TIMING OFF)`: execution and planning time as the server reports them. Each question is
+run twice, and only the second run counts (warm buffers). The sum is a floor under the CPU one
+call costs the machine (PostgreSQL does nothing else for it that is not in these statements but
+the session read, which runs beside them), so `cores / floor` bounds the calls/s any API could
+serve on this design at this depth.
+
+    .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k
+    .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k --budget 2000 --questions 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import pathlib
+import statistics
+import sys
+
+import asyncpg
+import orjson
+from pgvector.asyncpg import register_vector
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from bench.common import load_locomo, machine  # noqa: E402
+from context_engine.commands.assemble_context import retrieval_depth  # noqa: E402
+from context_engine.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb  # noqa: E402
+from context_engine.inference.embedder import build_embedder  # noqa: E402
+from context_engine.projections.migrate import API_GROUP_ROLE  # noqa: E402
+from context_engine.projections.retrieval.bm25 import analyze, query_idf_mass  # noqa: E402
+from context_engine.projections.retrieval.confidence_gate import Pool  # noqa: E402
+from context_engine.projections.search import FIRST_EF_SEARCH, _fused, _pass_settings, _Retriever  # noqa: E402
+from context_engine.scope import Scope  # noqa: E402
+from context_engine.supervisor import DATABASE_NAME  # noqa: E402
+
+ORG = "bench-search"
+CALLER = Scope(ORG, "bench", "assembly", "agent-1")  # bench/assemble.py's caller
+FLOOR = 0.25
+
+
+async def explain(conn: asyncpg.Connection, sql: str, *args) -> tuple[float, float]:
+    plan = orjson.loads(await conn.fetchval("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + sql, *args))[0]
+    return plan["Execution Time"], plan["Planning Time"]
+
+
+async def measure(dsn: str, questions: list[str], budget: int) -> dict[str, list[float]]:
+    vectors = await build_embedder("minilm").embed(questions)
+    conn = await asyncpg.connect(dsn)
+    await register_vector(conn)
+    times: dict[str, list[float]] = {k: [] for k in ("lexical", "lexical planning", "fusion", "fusion planning")}
+    try:
+        model = await conn.fetchval("SELECT max(embedding_model) FROM chunks WHERE org_id = $1", ORG)
+        tokens, chunks = await conn.fetchrow(  # the caller's visible corpus, as AssembleContext reads it
+            "SELECT sum(token_total), sum(n_docs) FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[])",
+            ORG, [s.path for s in CALLER.ancestors()])
+        top_k = retrieval_depth(budget, int(tokens), int(chunks))
+        print(f"depth at a {budget}-token budget: top_k {top_k}, pools of {2 * top_k} per leg")
+        pool = Pool(vector_k=2 * top_k, bm25_k=2 * top_k, ef_search=FIRST_EF_SEARCH)
+        for question, vector in zip(questions, vectors):
+            for counted in (False, True):
+                async with conn.transaction(readonly=True):
+                    await conn.execute(f"SET LOCAL ROLE {API_GROUP_ROLE}")
+                    await conn.execute("SELECT set_config('app.org_id', $1, true)", ORG)
+                    for name, value in _pass_settings(FIRST_EF_SEARCH).items():
+                        await conn.execute("SELECT set_config($1, $2, true)", name, value)
+                    r = _Retriever(conn, CALLER, "", analyze(question), None, model, dt.datetime.now(dt.UTC),
+                                   FLOOR, top_k)
+                    lexical_sql, lexical_args = r.lexical_statement(pool)
+                    lexical = await explain(conn, lexical_sql, *lexical_args)
+                    stats, ids = await r._lexical_leg(conn, pool)
+                    fusion = await explain(conn, _fused(len(vector)), r.org_id, vector, model, r.scopes, "",
+                                           pool.vector_k, ids, r.distinct_terms,
+                                           [stats.idf(t) * n for t, n in r.term_counts.items()], stats.avgdl,
+                                           query_idf_mass(r.terms, stats), r.now, FLOOR, top_k)
+                if counted:
+                    for key, value in zip(times, (*lexical, *fusion)):
+                        times[key].append(value)
+    finally:
+        await conn.close()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--home", type=pathlib.Path, required=True, help="a data directory bench/search.py kept")
+    parser.add_argument("--budget", type=int, default=4000)
+    parser.add_argument("--questions", type=int, default=200)
+    args = parser.parse_args()
+    questions = [q.text for c in load_locomo() for q in c.questions][:args.questions]
+    buffers = default_shared_buffers_mb()
+    with EmbeddedPostgres(args.home / "postgres", settings={"shared_buffers": f"{buffers}MB"}) as pg:
+        times = asyncio.run(measure(pg.dsn_for(DATABASE_NAME), questions, args.budget))
+    print(f"machine: {machine()}; PostgreSQL shared_buffers {buffers} MB; {len(questions)} LoCoMo questions, "
+          f"each run twice, the second counted; one at a time, nothing else running")
+    print(f"{'statement (server-side)':<28}{'mean ms':>9}{'p50 ms':>9}{'p10 ms':>9}{'p90 ms':>9}")
+    for name, values in times.items():
+        ordered = sorted(values)
+        print(f"{name:<28}{statistics.mean(values):>9.2f}{statistics.median(values):>9.2f}"
+              f"{ordered[len(ordered) // 10]:>9.2f}{ordered[9 * len(ordered) // 10]:>9.2f}")
+    per_call = [sum(v) for v in zip(*times.values())]
+    mean = statistics.mean(per_call)
+    print(f"{'per call, both statements':<28}{mean:>9.2f}{statistics.median(per_call):>9.2f}")
+    cores = os.cpu_count() or 1
+    print(f"bound: {cores} cores / {mean:.2f} ms = {cores * 1000 / mean:.0f} calls/s if everything else were free")
+
+
+if __name__ == "__main__":
+    main()
