@@ -14,6 +14,7 @@ Who connects as whom:
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -99,9 +100,10 @@ async def org_transaction(pool: asyncpg.Pool, org_id: str, *, readonly: bool = F
                           local: Mapping[str, str] | None = None) -> AsyncIterator[asyncpg.Connection]:
     """A connection inside a transaction in which `app.org_id` = org_id (transaction-local),
     and each setting of `local` too (e.g. `hnsw.ef_search`, `lock_timeout`): BEGIN and the
-    settings go in one script, one round trip (every RPC opens at least one of these). On an
-    exception the pool's release rolls the transaction back (asyncpg does on every release of
-    a connection in a transaction)."""
+    settings go in one script, one round trip (every RPC opens at least one of these); an
+    exception rolls it back. Begun by a script, not by `conn.transaction()`: a block inside
+    cannot open a nested `conn.transaction()` (asyncpg refuses one in a transaction it did not
+    start); none does."""
     if not org_id:
         raise ValueError("org_id is required")
     settings = {"app.org_id": org_id, **(local or {})}
@@ -112,5 +114,13 @@ async def org_transaction(pool: asyncpg.Pool, org_id: str, *, readonly: bool = F
     async with pool.acquire() as conn:
         require_standard_strings(conn)
         await conn.execute(opening)
-        yield conn
+        try:
+            yield conn
+        except BaseException:
+            # Rolled back here: the pool's release would do it too, but reports every such
+            # connection to the loop's exception handler (logged as an error).
+            if not conn.is_closed() and conn.is_in_transaction():
+                with contextlib.suppress(Exception):  # e.g. a query cut off mid-flight: the release cleans up
+                    await conn.execute("ROLLBACK")
+            raise
         await conn.execute("COMMIT")
