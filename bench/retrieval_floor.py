@@ -37,7 +37,7 @@ from context_engine.inference.embedder import build_embedder  # noqa: E402
 from context_engine.projections.migrate import API_GROUP_ROLE  # noqa: E402
 from context_engine.projections.retrieval.bm25 import analyze, query_idf_mass  # noqa: E402
 from context_engine.projections.retrieval.confidence_gate import Pool  # noqa: E402
-from context_engine.projections.search import FIRST_EF_SEARCH, _fused, _pass_settings, _Retriever  # noqa: E402
+from context_engine.projections.search import FIRST_EF_SEARCH, MIN_POOL, _fused, _pass_settings, _Retriever  # noqa: E402
 from context_engine.scope import Scope  # noqa: E402
 from context_engine.supervisor import DATABASE_NAME  # noqa: E402
 
@@ -62,8 +62,9 @@ async def measure(dsn: str, questions: list[str], budget: int) -> dict[str, list
             "SELECT sum(token_total), sum(n_docs) FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[])",
             ORG, [s.path for s in CALLER.ancestors()])
         top_k = retrieval_depth(budget, int(tokens), int(chunks))
-        print(f"depth at a {budget}-token budget: top_k {top_k}, pools of {2 * top_k} per leg")
-        pool = Pool(vector_k=2 * top_k, bm25_k=2 * top_k, ef_search=FIRST_EF_SEARCH)
+        size = max(MIN_POOL, 2 * top_k)  # as projections.search.search sizes the first pass
+        print(f"depth at a {budget}-token budget: top_k {top_k}, pools of {size} per leg")
+        pool = Pool(vector_k=size, bm25_k=size, ef_search=FIRST_EF_SEARCH)
         for question, vector in zip(questions, vectors):
             for counted in (False, True):
                 async with conn.transaction(readonly=True):

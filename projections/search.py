@@ -216,6 +216,12 @@ def _fused(dims: int) -> str:
     and the top score (for the confidence gate). One round trip, and ~150 rows instead of every
     candidate's row and postings (~1,100 at assembly's pools) for the API to decode and fuse.
 
+    A candidate is read again under the same visibility as the legs (searchable, scope, domain):
+    the lexical ids come from an earlier statement, and a chunk quarantined or rolled back since
+    then drops out. NaN and NULL score 0 as in Python (PostgreSQL orders NaN above every number
+    and `greatest` skips NULLs, so both are spelled out). The arithmetic is the Python's, term
+    by term, so the scores equal it up to rounding (the sums run in another order).
+
     The postings are not joined to the candidates: both are rows of one UNION ALL grouped by
     chunk id. Under row-level security the planner estimates one candidate row for an org of a
     few hundred chunks, and a join then ran by nested loop, aggregating the postings once per
@@ -237,6 +243,7 @@ WITH vector_leg AS (
                 THEN 1 - (c.embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine,
            NULL::float8 AS bm25
     FROM ids JOIN chunks c ON c.org_id = $1 AND c.chunk_id = ids.chunk_id
+    WHERE c.searchable AND c.scope_path = ANY($4::text[]) AND ($5 = '' OR c.domain = $5)
     UNION ALL
     SELECT t.chunk_id, false, NULL, NULL,
            q.weight * t.tf * {K1 + 1.0!r}::float8 / (t.tf + {K1!r}::float8 * CASE WHEN $10::float8 > 0
@@ -250,10 +257,11 @@ WITH vector_leg AS (
     SELECT chunk_id, created_at, cosine, bm25,
            CASE WHEN cosine IS NULL OR cosine = 'NaN'::float8 THEN 0.0::float8
                 ELSE least(1.0::float8, greatest(0.0::float8, cosine)) END AS vector,
-           CASE WHEN $11::float8 > 0 AND bm25 > 0 THEN least(1.0::float8, bm25 / $11::float8)
-                ELSE 0.0::float8 END AS lexical,
-           power(0.5::float8, greatest(0.0::float8, extract(epoch FROM $12::timestamptz - created_at)::float8)
-                              / {w.recency_half_life_seconds!r}::float8) AS recency
+           CASE WHEN $11::float8 > 0 AND bm25 > 0 AND bm25 <> 'NaN'::float8
+                THEN least(1.0::float8, bm25 / $11::float8) ELSE 0.0::float8 END AS lexical,
+           CASE WHEN created_at IS NULL THEN 0.0::float8
+                ELSE power(0.5::float8, greatest(0.0::float8, extract(epoch FROM $12::timestamptz - created_at)::float8)
+                                        / {w.recency_half_life_seconds!r}::float8) END AS recency
     FROM candidates
 ), scored AS MATERIALIZED (
     SELECT *, least(1.0::float8, greatest(0.0::float8, {w.w_vector!r}::float8 * vector

@@ -255,13 +255,13 @@ def plan_nodes(node: dict):
 
 
 async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: int, vector_k: int = 50,
-                        explain: bool = False):
+                        explain: bool = False, scopes: list[str] | None = None):
     """The fusion statement (`_fused`) as the API's role: every chunk of the org a lexical
     candidate, the first chunk's vector as the query vector. Returns its rows, the statistics
     it was given, each chunk's postings of the query terms (and its length under ""), the ids,
     the time it scored recency at, and the plan when `explain`."""
     terms = analyze(query)
-    retriever = _Retriever(None, Scope(org, "p", "t"), "", terms, None, "", None, floor, top_k)
+    retriever = _Retriever(None, Scope(org, "p", "t", "bot"), "", terms, None, "", None, floor, top_k)  # the corpus's caller
     now = dt.datetime.now(dt.UTC)
     conn = await asyncpg.connect(engine.settings.database_url)
     try:
@@ -273,7 +273,7 @@ async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: in
             vector, model, ids = await conn.fetchrow(
                 "SELECT (array_agg(embedding ORDER BY chunk_id))[1], max(embedding_model), array_agg(chunk_id) FROM chunks")
             distinct = list(retriever.term_counts)
-            args = (org, vector, model, [org], "", vector_k, ids, distinct,
+            args = (org, vector, model, scopes or retriever.scopes, "", vector_k, ids, distinct,
                     [stats.idf(t) * n for t, n in retriever.term_counts.items()], stats.avgdl,
                     query_idf_mass(terms, stats), now, floor, top_k)
             plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + _fused(384), *args) if explain else None
@@ -333,6 +333,31 @@ async def test_the_fusion_statement_computes_hybrid_exactly(corpus, engine):
         == (len(ids), 2)
     assert summary["score"] == max(r["score"] for r in rows if not r["summary"])
     assert summary["score"] == pytest.approx(scores[-1], abs=1e-6)  # a moment later: recency moved
+
+
+async def test_the_gate_broadens_once_within_the_retrieval_transaction(corpus, engine):
+    """A top score under the floor runs the one broadened pass (wider pools, a larger
+    ef_search set on the transaction the first pass used): two passes, one answer."""
+    _org, caller = corpus
+
+    def passes(kind: str) -> float:
+        return REGISTRY.get_sample_value("context_engine_retrieval_passes_total", {"pass": kind}) or 0.0
+
+    first, broadened = passes("first"), passes("broadened")
+    reply = await search(caller, "camping trip in the mountains", min_score=0.9999)
+    assert (passes("first") - first, passes("broadened") - broadened) == (1, 1)
+    assert reply.outcome == BELOW and reply.results_below_threshold == len(TURNS)
+    ok = await search(caller, "camping trip in the mountains", min_score=1e-6)
+    assert ok.outcome == OK and dict(ok.results[0].metadata)["engine.expansion_applied"] == "false"
+
+
+async def test_the_fusion_statement_rechecks_the_visibility_of_lexical_ids(corpus, engine):
+    """The lexical leg's ids come from an earlier statement: the fusion statement keeps only
+    those still visible to the caller (here: a scope that owns none of them)."""
+    org, _caller = corpus
+    rows, *_ = await _fused_as_app(engine, org, "support group camping", floor=1e-6, top_k=50,
+                                   scopes=[f"{org}/elsewhere"])
+    assert [r["total"] for r in rows if r["summary"]] == [0] and not [r for r in rows if not r["summary"]]
 
 
 async def test_the_vector_leg_can_use_the_half_precision_hnsw_index(corpus, engine):
