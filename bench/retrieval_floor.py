@@ -35,9 +35,10 @@ from context_engine.commands.assemble_context import retrieval_depth  # noqa: E4
 from context_engine.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb  # noqa: E402
 from context_engine.inference.embedder import build_embedder  # noqa: E402
 from context_engine.projections.migrate import API_GROUP_ROLE  # noqa: E402
-from context_engine.projections.retrieval.bm25 import analyze, query_idf_mass  # noqa: E402
+from context_engine.projections.database import set_config_sql  # noqa: E402
+from context_engine.projections.retrieval.bm25 import analyze  # noqa: E402
 from context_engine.projections.retrieval.confidence_gate import Pool  # noqa: E402
-from context_engine.projections.search import FIRST_EF_SEARCH, MIN_POOL, _fused, _pass_settings, _Retriever  # noqa: E402
+from context_engine.projections.search import FIRST_EF_SEARCH, MIN_POOL, _pass_settings, _Retriever  # noqa: E402
 from context_engine.scope import Scope  # noqa: E402
 from context_engine.supervisor import DATABASE_NAME  # noqa: E402
 
@@ -46,7 +47,7 @@ CALLER = Scope(ORG, "bench", "assembly", "agent-1")  # bench/assemble.py's calle
 FLOOR = 0.25
 
 
-async def explain(conn: asyncpg.Connection, sql: str, *args) -> tuple[float, float]:
+async def explain(conn: asyncpg.Connection, sql: str, args: tuple) -> tuple[float, float]:
     plan = orjson.loads(await conn.fetchval("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + sql, *args))[0]
     return plan["Execution Time"], plan["Planning Time"]
 
@@ -69,18 +70,12 @@ async def measure(dsn: str, questions: list[str], budget: int) -> dict[str, list
             for counted in (False, True):
                 async with conn.transaction(readonly=True):
                     await conn.execute(f"SET LOCAL ROLE {API_GROUP_ROLE}")
-                    await conn.execute("SELECT set_config('app.org_id', $1, true)", ORG)
-                    for name, value in _pass_settings(FIRST_EF_SEARCH).items():
-                        await conn.execute("SELECT set_config($1, $2, true)", name, value)
+                    await conn.execute(set_config_sql({"app.org_id": ORG, **_pass_settings(FIRST_EF_SEARCH)}))
                     r = _Retriever(conn, CALLER, "", analyze(question), None, model, dt.datetime.now(dt.UTC),
                                    FLOOR, top_k)
-                    lexical_sql, lexical_args = r.lexical_statement(pool)
-                    lexical = await explain(conn, lexical_sql, *lexical_args)
-                    stats, ids = await r._lexical_leg(conn, pool)
-                    fusion = await explain(conn, _fused(len(vector)), r.org_id, vector, model, r.scopes, "",
-                                           pool.vector_k, ids, r.distinct_terms,
-                                           [stats.idf(t) * n for t, n in r.term_counts.items()], stats.avgdl,
-                                           query_idf_mass(r.terms, stats), r.now, FLOOR, top_k)
+                    lexical = await explain(conn, *r.lexical_statement(pool))
+                    stats, ids = await r._lexical_leg(pool)
+                    fusion = await explain(conn, *r.fused_statement(pool, stats, ids, vector))
                 if counted:
                     for key, value in zip(times, (*lexical, *fusion)):
                         times[key].append(value)

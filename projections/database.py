@@ -89,6 +89,15 @@ def sql_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def set_config_sql(settings: Mapping[str, str]) -> str:
+    """One statement setting each of `settings` for the current transaction, the values as
+    literals (`sql_literal`), so that it can open a script: `org_transaction`, the projector's
+    batches."""
+    if not all(_SETTING_NAME.fullmatch(n) for n in settings):  # names are code, never input
+        raise ValueError(f"not a setting name: {list(settings)}")
+    return "SELECT " + ", ".join(f"set_config('{n}', {sql_literal(v)}, true)" for n, v in settings.items())
+
+
 def require_standard_strings(conn: asyncpg.Connection) -> None:
     if conn.get_settings().standard_conforming_strings != "on":
         raise DatabaseRoleError("standard_conforming_strings must be on (PostgreSQL's default): "
@@ -106,11 +115,8 @@ async def org_transaction(pool: asyncpg.Pool, org_id: str, *, readonly: bool = F
     start); none does."""
     if not org_id:
         raise ValueError("org_id is required")
-    settings = {"app.org_id": org_id, **(local or {})}
-    if not all(_SETTING_NAME.fullmatch(n) for n in settings):  # names are code, never input
-        raise ValueError(f"not a setting name: {list(settings)}")
-    opening = ("BEGIN READ ONLY" if readonly else "BEGIN") + ";\nSELECT " + ", ".join(
-        f"set_config('{n}', {sql_literal(v)}, true)" for n, v in settings.items())
+    opening = ("BEGIN READ ONLY" if readonly else "BEGIN") + ";\n" + set_config_sql(
+        {"app.org_id": org_id, **(local or {})})
     async with pool.acquire() as conn:
         require_standard_strings(conn)
         await conn.execute(opening)

@@ -322,21 +322,18 @@ class _Retriever:
         if p.ef_search != FIRST_EF_SEARCH:  # the broadened pass explores more of the graph
             await conn.execute("SELECT set_config('hnsw.ef_search', $1, true)", str(int(p.ef_search)))
         with timed("search", "lexical_leg"):
-            stats, lexical = await self._lexical_leg(conn, p)
+            stats, lexical = await self._lexical_leg(p)
         with timed("search", "query_embedding_wait"):
             vector = await self.vector
         with timed("search", "vector_leg_and_fusion"):
-            weights = [stats.idf(t) * n for t, n in self.term_counts.items()]
-            mass = query_idf_mass(self.terms, stats) if self.terms else 0.0
-            rows = await conn.fetch(_fused(len(vector)), self.org_id, vector, self.model_version, self.scopes,
-                                    self.domain, p.vector_k, lexical, self.distinct_terms, weights, stats.avgdl,
-                                    mass, self.now, self.floor, self.top_k)
+            statement, args = self.fused_statement(p, stats, lexical, vector)
+            rows = await conn.fetch(statement, *args)
         with timed("search", "results"):
             summary = next(r for r in rows if r["summary"])
             best = sorted((_scored(r) for r in rows if not r["summary"]), key=lambda c: (-c.score, c.chunk_id))
         return FusedPass(best, summary["above"], summary["total"], summary["score"])
 
-    async def _lexical_leg(self, conn: asyncpg.Connection, p: Pool) -> tuple[CorpusStats, list[Any]]:
+    async def _lexical_leg(self, p: Pool) -> tuple[CorpusStats, list[Any]]:
         """The visible corpus's statistics, and the top `bm25_k` by BM25 over the union of each
         term's best postings (`postings_per_term` of them), ranked in PostgreSQL. A candidate's
         score here counts the terms whose best postings it is among; the exact score of every
@@ -344,19 +341,29 @@ class _Retriever:
         if not self.terms:
             return CorpusStats(0, 0.0), []
         statement, args = self.lexical_statement(p)
-        row = await conn.fetchrow(statement, *args)
+        row = await self.conn.fetchrow(statement, *args)
         stats = CorpusStats.from_totals(row["n"], row["total"], dict(zip(row["df_terms"] or (), row["df_values"] or ())))
         return stats, list(row["ranked"] or ())
 
     def lexical_statement(self, p: Pool) -> tuple[str, tuple[Any, ...]]:
         """The lexical leg's statement and its arguments for pool `p` (bench/retrieval_floor.py
-        times it on its own)."""
+        times this and `fused_statement` on their own)."""
         per_term = max(POSTINGS_PER_TERM, 2 * p.bm25_k) * (BROADEN_POSTINGS if p.expanded else 1)
         # Terms the visible corpus does not hold at all cannot be required of a candidate: the
         # statement caps this at the number of query terms it holds.
         required = max(1, minimum_should_match(len(self.distinct_terms), p.bm25_min_match_fraction))
         return _LEXICAL, (self.org_id, self.distinct_terms, self.scopes, self.domain, per_term,
                           list(self.term_counts.values()), required, p.bm25_k)
+
+    def fused_statement(self, p: Pool, stats: CorpusStats, lexical: list[Any],
+                        vector: np.ndarray) -> tuple[str, tuple[Any, ...]]:
+        """The vector leg and fusion statement (`_fused`) and its arguments for pool `p`, given
+        the lexical leg's statistics and ids and the query vector."""
+        weights = [stats.idf(t) * n for t, n in self.term_counts.items()]
+        mass = query_idf_mass(self.terms, stats) if self.terms else 0.0
+        return _fused(len(vector)), (self.org_id, vector, self.model_version, self.scopes, self.domain, p.vector_k,
+                                     lexical, self.distinct_terms, weights, stats.avgdl, mass, self.now,
+                                     self.floor, self.top_k)
 
 
 def _metadata(text: str) -> dict[str, Any]:

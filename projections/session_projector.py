@@ -101,7 +101,7 @@ from context_engine.events import (
     decode,
 )
 from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
-from context_engine.projections.database import require_standard_strings, sql_literal
+from context_engine.projections.database import require_standard_strings, set_config_sql, sql_literal
 from context_engine.scope import Scope
 
 from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, pii_scan_job
@@ -674,10 +674,6 @@ class _OrgApplier:
 # A batch's transaction is opened and closed by two scripts of plain statements, one round trip
 # each: under ingest load every round trip to PostgreSQL costs ~0.5 ms of waiting, and these
 # were seven (BEGIN, two set_config, the offsets, the NOTIFY, COMMIT) of a batch's ~10.
-def _set_org_sql(org_id: str) -> str:
-    return f"SELECT set_config('app.org_id', {sql_literal(org_id)}, true)"
-
-
 def _opening(projector: str, records: Sequence[LogRecord], first_org: str) -> str:
     """The batch's projector offsets (per partition, the highest applied; applied at the start
     of the transaction, so atomically with the rest), and `app.org_id` set to the first org."""
@@ -688,11 +684,11 @@ def _opening(projector: str, records: Sequence[LogRecord], first_org: str) -> st
     rows = ", ".join(f"({sql_literal(SYSTEM_ORG)}, {sql_literal(projector)}, {sql_literal(t)}, {int(p)}, {int(o)})"
                      for (t, p), o in high.items())
     return ";\n".join((
-        _set_org_sql(SYSTEM_ORG),
+        set_config_sql({"app.org_id": SYSTEM_ORG}),
         'INSERT INTO projector_offsets (org_id, projector, topic, partition, "offset") VALUES ' + rows
         + ' ON CONFLICT (org_id, projector, topic, partition) DO UPDATE'
         ' SET "offset" = GREATEST(projector_offsets."offset", EXCLUDED."offset"), updated_at = now()',
-        _set_org_sql(first_org)))
+        set_config_sql({"app.org_id": first_org})))
 
 
 def _closing(notifications: tuple[str, list[str]] | None) -> str:

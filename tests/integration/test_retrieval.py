@@ -233,12 +233,12 @@ async def test_bm25_equals_the_reference_over_the_visible_corpus(engine):
 
     # The lexical leg ranks in PostgreSQL: the reference's order over the visible corpus (ties by
     # chunk id), keeping chunks that hold at least half the distinct query terms (2 of 3).
-    retriever = _Retriever(None, Scope(org, "p", "t"), "", analyze(query), None, "", None, 1e-6, 50)
     conn = await asyncpg.connect(engine.settings.database_url)
+    retriever = _Retriever(conn, Scope(org, "p", "t"), "", analyze(query), None, "", None, 1e-6, 50)
     try:
         async with conn.transaction():
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
-            _stats, ranked = await retriever._lexical_leg(conn, Pool(bm25_k=50))
+            _stats, ranked = await retriever._lexical_leg(Pool(bm25_k=50))
             content = dict(await conn.fetch("SELECT chunk_id, content FROM chunks WHERE chunk_id = ANY($1::uuid[])",
                                             ranked))
     finally:
@@ -261,15 +261,15 @@ async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: in
     it was given, each chunk's postings of the query terms (and its length under ""), the ids,
     the time it scored recency at, and the plan when `explain`."""
     terms = analyze(query)
-    retriever = _Retriever(None, Scope(org, "p", "t", "bot"), "", terms, None, "", None, floor, top_k)  # the corpus's caller
     now = dt.datetime.now(dt.UTC)
     conn = await asyncpg.connect(engine.settings.database_url)
+    retriever = _Retriever(conn, Scope(org, "p", "t", "bot"), "", terms, None, "", None, floor, top_k)  # the corpus's caller
     try:
         await register_vector(conn)
         async with conn.transaction():
             await conn.execute(f"SET LOCAL ROLE {APP_ROLE}")
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
-            stats, _ranked = await retriever._lexical_leg(conn, Pool(bm25_k=50))
+            stats, _ranked = await retriever._lexical_leg(Pool(bm25_k=50))
             vector, model, ids = await conn.fetchrow(
                 "SELECT (array_agg(embedding ORDER BY chunk_id))[1], max(embedding_model), array_agg(chunk_id) FROM chunks")
             distinct = list(retriever.term_counts)
