@@ -12,6 +12,7 @@ serve on this design at this depth.
 
     .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k
     .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k --budget 2000 --questions 300
+    .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k --top-k 10   # Search's default depth
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ async def explain(conn: asyncpg.Connection, sql: str, args: tuple) -> tuple[floa
     return plan["Execution Time"], plan["Planning Time"]
 
 
-async def measure(dsn: str, questions: list[str], budget: int) -> dict[str, list[float]]:
+async def measure(dsn: str, questions: list[str], budget: int, top_k: int | None) -> dict[str, list[float]]:
     vectors = await build_embedder("minilm").embed(questions)
     conn = await asyncpg.connect(dsn)
     await register_vector(conn)
@@ -62,9 +63,11 @@ async def measure(dsn: str, questions: list[str], budget: int) -> dict[str, list
         tokens, chunks = await conn.fetchrow(  # the caller's visible corpus, as AssembleContext reads it
             "SELECT sum(token_total), sum(n_docs) FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[])",
             ORG, [s.path for s in CALLER.ancestors()])
-        top_k = retrieval_depth(budget, int(tokens), int(chunks))
+        if top_k is None:
+            top_k = retrieval_depth(budget, int(tokens), int(chunks))
+            print(f"depth at a {budget}-token budget: ", end="")
         size = max(MIN_POOL, 2 * top_k)  # as projections.search.search sizes the first pass
-        print(f"depth at a {budget}-token budget: top_k {top_k}, pools of {size} per leg")
+        print(f"top_k {top_k}, pools of {size} per leg")
         pool = Pool(vector_k=size, bm25_k=size, ef_search=FIRST_EF_SEARCH)
         for question, vector in zip(questions, vectors):
             for counted in (False, True):
@@ -88,12 +91,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", type=pathlib.Path, required=True, help="a data directory bench/search.py kept")
     parser.add_argument("--budget", type=int, default=4000)
+    parser.add_argument("--top-k", type=int, help="Search's depth instead of the budget's (Search's default: 10)")
     parser.add_argument("--questions", type=int, default=200)
     args = parser.parse_args()
     questions = [q.text for c in load_locomo() for q in c.questions][:args.questions]
     buffers = default_shared_buffers_mb()
     with EmbeddedPostgres(args.home / "postgres", settings={"shared_buffers": f"{buffers}MB"}) as pg:
-        times = asyncio.run(measure(pg.dsn_for(DATABASE_NAME), questions, args.budget))
+        times = asyncio.run(measure(pg.dsn_for(DATABASE_NAME), questions, args.budget, args.top_k))
     print(f"machine: {machine()}; PostgreSQL shared_buffers {buffers} MB; {len(questions)} LoCoMo questions, "
           f"each run twice, the second counted; one at a time, nothing else running")
     print(f"{'statement (server-side)':<28}{'mean ms':>9}{'p50 ms':>9}{'p10 ms':>9}{'p90 ms':>9}")
