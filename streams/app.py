@@ -54,6 +54,7 @@ from context_engine.streams.pii_scanner import PiiScanner
 from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
 from context_engine.streams.topics import LogTopics, ensure_topics
 from context_engine.streams.vector_assigner import VectorAssigner
+from context_engine.streams.windowed_stream import WindowedStream
 
 log = structlog.get_logger("context_engine.worker")
 
@@ -114,6 +115,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         stream_wait_empty=False,
         consumer_auto_offset_reset="earliest",
         autodiscover=False,
+        Stream=WindowedStream,  # batches that do not poll while idle
         datadir=str(settings.home_dir / "worker"),  # not the current directory
     )
     app.engine_settings = settings
