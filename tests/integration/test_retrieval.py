@@ -22,7 +22,12 @@ from context_engine.projections.retrieval.bm25 import analyze, bm25_scorer, quer
 from context_engine.projections.retrieval.confidence_gate import Pool
 from context_engine.projections.retrieval.fusion import HYBRID, Candidate
 from context_engine.projections.retrieval.outcome import classify
-from context_engine.projections.search import _fused, _Retriever
+from context_engine.api.app import api_database_url
+from context_engine.inference.embedder import build_embedder
+from context_engine.inference.query_vectors import QueryVectors
+from context_engine.projections.database import create_pool
+from context_engine.projections.search import _LEXICAL, SearchQuery, _fused, _Retriever
+from context_engine.projections.search import search as search_projection
 from context_engine.projections.migrate import APP_ROLE
 from context_engine.scope import Scope
 from context_engine.streams.replay import create_database, drop_database, read_log, replay
@@ -349,6 +354,36 @@ async def test_the_gate_broadens_once_within_the_retrieval_transaction(corpus, e
     assert reply.outcome == BELOW and reply.results_below_threshold == len(TURNS)
     ok = await search(caller, "camping trip in the mountains", min_score=1e-6)
     assert ok.outcome == OK and dict(ok.results[0].metadata)["engine.expansion_applied"] == "false"
+
+
+async def test_search_plans_generically_and_assembly_depth_lets_postgresql_choose(corpus, engine):
+    """Search's two statements run on generic plans from the first call (no custom planning per
+    call); with a depth (AssembleContext) PostgreSQL's own choice applies, which plans its first
+    executions custom. Read from the server's own counts for the API role's one connection."""
+    org, _caller = corpus
+    pool = await create_pool(api_database_url(engine.settings), min_size=1, max_size=1)
+    vectors = QueryVectors(build_embedder("minilm"), 0)
+
+    async def plans() -> list[tuple[int, int]]:
+        async with pool.acquire() as conn:
+            rows = {r["statement"]: (r["generic_plans"], r["custom_plans"]) for r in await conn.fetch(
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")}
+        return [rows.get(_LEXICAL), rows.get(_fused(384))]
+
+    async def depth(_conn) -> int:
+        return 3
+
+    try:
+        for _ in range(3):
+            result = await search_projection(pool, vectors, Scope(org, "p", "t", "bot"),
+                                             SearchQuery("camping trip in the mountains"), 0.35)
+            assert result.result.results
+        assert await plans() == [(3, 0), (3, 0)]
+        await search_projection(pool, vectors, Scope(org, "p", "t", "bot"),
+                                SearchQuery("camping trip in the mountains"), 0.35, depth=depth)
+        assert [custom for _generic, custom in await plans()] == [1, 1]
+    finally:
+        await pool.close()
 
 
 async def test_the_fusion_statement_rechecks_the_visibility_of_lexical_ids(corpus, engine):
