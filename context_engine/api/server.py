@@ -5,6 +5,7 @@ graceful shutdown."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ class HostedServer:
         await self.health.set(name, SERVING if serving else NOT_SERVING)
 
     async def start(self) -> None:
+        freeze_startup_objects()
         await self.server.start()
         await self.set_health("", True)
         for service in self.services:
@@ -49,6 +51,14 @@ class HostedServer:
         """Stop taking new calls (health flips first, so balancers drain), let calls in flight finish."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+
+
+def freeze_startup_objects() -> None:
+    """Move every object alive now (modules, descriptors, models, pools: they live as long as the
+    process) out of the garbage collector's reach. Its full passes otherwise traverse them all:
+    in an API process under Search load each took 56-112 ms, a stall of every call in flight."""
+    gc.collect()
+    gc.freeze()
 
 
 def build_server(address: str, services: Sequence[ServiceBinding], *,
