@@ -10,9 +10,14 @@ call costs the machine (PostgreSQL does nothing else for it that is not in these
 the session read, which runs beside them), so `cores / floor` bounds the calls/s any API could
 serve on this design at this depth.
 
+`--plans generic` times the statements as Search runs them (`plan_cache_mode =
+force_generic_plan`): each is PREPAREd once and timed with `EXPLAIN (ANALYZE) EXECUTE`, its
+arguments written as literals (EXECUTE takes no bound parameters); planning is then the cached
+plan's lookup.
+
     .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k
     .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k --budget 2000 --questions 300
-    .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k --top-k 10   # Search's default depth
+    .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k --top-k 10 --plans generic   # as Search runs
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import statistics
 import sys
 
 import asyncpg
+import numpy as np
 import orjson
 from pgvector.asyncpg import register_vector
 
@@ -36,10 +42,11 @@ from context_engine.commands.assemble_context import retrieval_depth  # noqa: E4
 from context_engine.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb  # noqa: E402
 from context_engine.inference.embedder import build_embedder  # noqa: E402
 from context_engine.projections.migrate import API_GROUP_ROLE  # noqa: E402
-from context_engine.projections.database import set_config_sql  # noqa: E402
+from context_engine.projections.database import set_config_sql, sql_literal  # noqa: E402
 from context_engine.projections.retrieval.bm25 import analyze  # noqa: E402
 from context_engine.projections.retrieval.confidence_gate import Pool  # noqa: E402
-from context_engine.projections.search import FIRST_EF_SEARCH, MIN_POOL, _pass_settings, _Retriever  # noqa: E402
+from context_engine.projections.search import (  # noqa: E402
+    FIRST_EF_SEARCH, GENERIC_PLANS, MIN_POOL, _pass_settings, _Retriever)
 from context_engine.scope import Scope  # noqa: E402
 from context_engine.supervisor import DATABASE_NAME  # noqa: E402
 
@@ -53,7 +60,29 @@ async def explain(conn: asyncpg.Connection, sql: str, args: tuple) -> tuple[floa
     return plan["Execution Time"], plan["Planning Time"]
 
 
-async def measure(dsn: str, questions: list[str], budget: int, top_k: int | None) -> dict[str, list[float]]:
+def literal(value: object) -> str:
+    """An argument of the retrieval's statements as an untyped SQL literal (PostgreSQL casts it to
+    the prepared statement's parameter type)."""
+    if isinstance(value, np.ndarray):
+        return sql_literal("[" + ",".join(repr(float(x)) for x in value) + "]")
+    if isinstance(value, (list, tuple)):
+        return sql_literal("{" + ",".join('"' + str(x).replace("\\", "\\\\").replace('"', '\\"') + '"'
+                                          for x in value) + "}")
+    if isinstance(value, dt.datetime):
+        return sql_literal(value.isoformat())
+    if isinstance(value, str):
+        return sql_literal(value)
+    return repr(value)
+
+
+async def explain_prepared(conn: asyncpg.Connection, name: str, args: tuple) -> tuple[float, float]:
+    plan = orjson.loads(await conn.fetchval(
+        f"EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) EXECUTE {name}({', '.join(map(literal, args))})"))[0]
+    return plan["Execution Time"], plan["Planning Time"]
+
+
+async def measure(dsn: str, questions: list[str], budget: int, top_k: int | None,
+                  generic: bool) -> dict[str, list[float]]:
     vectors = await build_embedder("minilm").embed(questions)
     conn = await asyncpg.connect(dsn)
     await register_vector(conn)
@@ -69,16 +98,29 @@ async def measure(dsn: str, questions: list[str], budget: int, top_k: int | None
         size = max(MIN_POOL, 2 * top_k)  # as projections.search.search sizes the first pass
         print(f"top_k {top_k}, pools of {size} per leg")
         pool = Pool(vector_k=size, bm25_k=size, ef_search=FIRST_EF_SEARCH)
+        settings = {"app.org_id": ORG, **_pass_settings(FIRST_EF_SEARCH), **(GENERIC_PLANS if generic else {})}
+        prepared = False
         for question, vector in zip(questions, vectors):
             for counted in (False, True):
                 async with conn.transaction(readonly=True):
                     await conn.execute(f"SET LOCAL ROLE {API_GROUP_ROLE}")
-                    await conn.execute(set_config_sql({"app.org_id": ORG, **_pass_settings(FIRST_EF_SEARCH)}))
+                    await conn.execute(set_config_sql(settings))
                     r = _Retriever(conn, CALLER, "", analyze(question), None, model, dt.datetime.now(dt.UTC),
                                    FLOOR, top_k)
-                    lexical = await explain(conn, *r.lexical_statement(pool))
-                    stats, ids = await r._lexical_leg(pool)
-                    fusion = await explain(conn, *r.fused_statement(pool, stats, ids, vector))
+                    if not generic:
+                        lexical = await explain(conn, *r.lexical_statement(pool))
+                        stats, ids = await r._lexical_leg(pool)
+                        fusion = await explain(conn, *r.fused_statement(pool, stats, ids, vector))
+                    else:
+                        lexical_sql, lexical_args = r.lexical_statement(pool)
+                        stats, ids = await r._lexical_leg(pool)
+                        fused_sql, fused_args = r.fused_statement(pool, stats, ids, vector)
+                        if not prepared:  # session-level, as the API's role, once
+                            await conn.execute(f"PREPARE lexical_leg AS {lexical_sql}")
+                            await conn.execute(f"PREPARE fusion AS {fused_sql}")
+                            prepared = True
+                        lexical = await explain_prepared(conn, "lexical_leg", lexical_args)
+                        fusion = await explain_prepared(conn, "fusion", fused_args)
                 if counted:
                     for key, value in zip(times, (*lexical, *fusion)):
                         times[key].append(value)
@@ -93,13 +135,16 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=4000)
     parser.add_argument("--top-k", type=int, help="Search's depth instead of the budget's (Search's default: 10)")
     parser.add_argument("--questions", type=int, default=200)
+    parser.add_argument("--plans", choices=("custom", "generic"), default="custom",
+                        help="custom: planned per call (AssembleContext); generic: as Search runs them")
     args = parser.parse_args()
     questions = [q.text for c in load_locomo() for q in c.questions][:args.questions]
     buffers = default_shared_buffers_mb()
     with EmbeddedPostgres(args.home / "postgres", settings={"shared_buffers": f"{buffers}MB"}) as pg:
-        times = asyncio.run(measure(pg.dsn_for(DATABASE_NAME), questions, args.budget, args.top_k))
+        times = asyncio.run(measure(pg.dsn_for(DATABASE_NAME), questions, args.budget, args.top_k,
+                                    args.plans == "generic"))
     print(f"machine: {machine()}; PostgreSQL shared_buffers {buffers} MB; {len(questions)} LoCoMo questions, "
-          f"each run twice, the second counted; one at a time, nothing else running")
+          f"each run twice, the second counted; one at a time, nothing else running; {args.plans} plans")
     print(f"{'statement (server-side)':<28}{'mean ms':>9}{'p50 ms':>9}{'p10 ms':>9}{'p90 ms':>9}")
     for name, values in times.items():
         ordered = sorted(values)
