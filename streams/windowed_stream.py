@@ -83,7 +83,8 @@ class WindowedStream(faust.Stream):
                 finally:
                     for _value, event in batch:
                         await self.ack(event)
-                    room.set()
+                    if len(pending) < max_:  # the next batch may have filled meanwhile
+                        room.set()
         finally:
             self.enable_acks = acks_were_enabled
             self._processors.remove(collect)
