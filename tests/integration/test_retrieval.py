@@ -17,14 +17,14 @@ from pgvector.asyncpg import register_vector
 from prometheus_client import REGISTRY
 from upsquad.context.v1 import context_pb2 as pb
 
+from context_engine.api.app import api_database_url
+from context_engine.inference.embedder import build_embedder
+from context_engine.inference.query_vectors import QueryVectors
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections.retrieval.bm25 import analyze, bm25_scorer, query_idf_mass
 from context_engine.projections.retrieval.confidence_gate import Pool
 from context_engine.projections.retrieval.fusion import HYBRID, Candidate
 from context_engine.projections.retrieval.outcome import classify
-from context_engine.api.app import api_database_url
-from context_engine.inference.embedder import build_embedder
-from context_engine.inference.query_vectors import QueryVectors
 from context_engine.projections.database import create_pool
 from context_engine.projections.search import _LEXICAL, SearchQuery, _fused, _Retriever
 from context_engine.projections.search import search as search_projection
