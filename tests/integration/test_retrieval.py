@@ -18,8 +18,6 @@ from prometheus_client import REGISTRY
 from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.api.app import api_database_url
-from context_engine.inference.embedder import build_embedder
-from context_engine.inference.query_vectors import QueryVectors
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections.retrieval.bm25 import analyze, bm25_scorer, query_idf_mass
 from context_engine.projections.retrieval.confidence_gate import Pool
@@ -362,7 +360,7 @@ async def test_search_plans_generically_and_assembly_depth_lets_postgresql_choos
     executions custom. Read from the server's own counts for the API role's one connection."""
     org, _caller = corpus
     pool = await create_pool(api_database_url(engine.settings), min_size=1, max_size=1)
-    vectors = QueryVectors(build_embedder("minilm"), 0)
+    vectors = engine.deps.query_vectors  # the in-process API's own
 
     async def plans() -> list[tuple[int, int]]:
         async with pool.acquire() as conn:
