@@ -24,6 +24,9 @@ Analyzer (``analyze``)
 3. Tokens in :data:`STOP_WORDS` (a modest English function-word list, written out below)
    are dropped. No stemming: nothing here shows it would help, and an unstemmed index keeps
    the tf rows exact and debuggable. Document length is counted AFTER stop-word removal.
+4. A token longer than :data:`MAX_TERM_CHARS` keeps its first that many characters (as
+   Lucene caps a token's length): a hash or a blob without spaces must not make a posting
+   larger than PostgreSQL's index rows allow (about 2.7 KB).
 
 Scoring
 -------
@@ -72,6 +75,7 @@ __all__ = [
 
 K1 = 1.2
 B = 0.75
+MAX_TERM_CHARS = 128  # at most 4 bytes each in UTF-8: 512 bytes, well inside an index row
 
 #: English function words removed by the analyzer. Articles, pronouns, auxiliaries,
 #: common prepositions and conjunctions, and the fragments contractions split into.
@@ -105,7 +109,7 @@ def analyze(text: str) -> list[str]:
     if not text:
         return []
     norm = unicodedata.normalize("NFKC", text).casefold()
-    return [t for t in _TOKEN.findall(norm) if t not in STOP_WORDS]
+    return [t[:MAX_TERM_CHARS] for t in _TOKEN.findall(norm) if t not in STOP_WORDS]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
 """The chunking rule: what text becomes which chunk.
 
-1. **Text extraction.** Plain text is used as is. JSON content (a ``dict``/``list`` value, or a
+1. **Text extraction.** Content is bytes: content that is not valid UTF-8 (binary) yields no
+   chunk; it is stored and returned verbatim but is not retrievable. C0/C1 control characters
+   other than tab, newline and carriage return (NUL among them) become spaces. Plain text is
+   then used as is. JSON content (a ``dict``/``list`` value, or a
    string declared ``application/json``) becomes one line per scalar leaf,
    ``dotted.key.path: value``, keys sorted, list indices omitted from the path, ``null`` leaves
    skipped, booleans as ``true``/``false``. Keys are kept because they carry meaning for both
@@ -33,6 +36,8 @@ import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from context_engine.inference import tokens
 
@@ -120,62 +125,114 @@ def _spans(text: str, pattern: re.Pattern[str], start: int, end: int) -> list[tu
     return [(m.start(), m.end()) for m in pattern.finditer(text, start, end)]
 
 
-def _hard_cut(text: str, start: int, end: int, max_tokens: int) -> list[tuple[int, int]]:
+class _Counter:
+    """Token counts of spans of one text, from ONE tokenization of the whole: a count is two
+    binary searches, so splitting is linear in the text's size (counting every candidate window
+    afresh was quadratic: 100 KB without a space took 1.4 s, a megabyte minutes). A span's own
+    tokenization can differ from its slice of the whole's at its edges; `chunk_text` re-counts
+    every chunk it keeps, and splits again, exactly, the rare one that came out over budget."""
+
+    def __init__(self, text: str) -> None:
+        enc = tokens.get_encoding(ENCODING)
+        ids = enc.encode_ordinary(text)
+        raw = text.encode("utf-8")
+        # char_at[b]: characters wholly before byte b (a token may end inside a character)
+        starts = np.frombuffer(raw, dtype=np.uint8) & 0xC0 != 0x80
+        char_at = np.concatenate(([0], np.cumsum(starts)))
+        byte_ends = np.cumsum([len(enc.decode_single_token_bytes(t)) for t in ids], dtype=np.int64)
+        self.ends = char_at[byte_ends] if len(ids) else np.zeros(0, dtype=np.int64)  # char end of each token
+
+    def __call__(self, start: int, end: int) -> int:
+        return int(np.searchsorted(self.ends, end, "right") - np.searchsorted(self.ends, start, "right"))
+
+    def cut(self, start: int, max_tokens: int) -> int:
+        """Where `max_tokens` tokens from `start` end (a character offset after `start`)."""
+        first = int(np.searchsorted(self.ends, start, "right"))
+        last = min(first + max_tokens, len(self.ends)) - 1
+        return max(int(self.ends[last]) if last >= first else start + 1, start + 1)
+
+
+def _exact(text: str):
+    return lambda start, end: _count(text[start:end])
+
+
+def _hard_cut(text: str, start: int, end: int, max_tokens: int, count) -> list[tuple[int, int]]:
     out = []
     pos = start
     while pos < end:
-        piece = tokens.truncate_to_tokens(text[pos:end], max_tokens, ENCODING_MODEL)
-        if not piece:  # cannot happen for max_tokens >= 1 with real text; guard progress
-            piece = text[pos]
-        out.append((pos, pos + len(piece)))
-        pos += len(piece)
+        cut = min(count.cut(pos, max_tokens), end) if isinstance(count, _Counter) else \
+            pos + len(tokens.truncate_to_tokens(text[pos:end], max_tokens, ENCODING_MODEL) or text[pos])
+        out.append((pos, cut))
+        pos = cut
         while pos < end and text[pos].isspace():
             pos += 1
     return out
 
 
-def _units(text: str, max_tokens: int) -> list[tuple[int, int, bool]]:
+def _units(text: str, max_tokens: int, count) -> list[tuple[int, int, bool]]:
     """(start, end, splittable) pieces, each at most ``max_tokens``; ``splittable`` False for a
     hard cut (not eligible as overlap)."""
     units: list[tuple[int, int, bool]] = []
     for ps, pe in _spans(text, _PARAGRAPH, 0, len(text)):
-        if _count(text[ps:pe]) <= max_tokens:
+        if count(ps, pe) <= max_tokens:
             units.append((ps, pe, True))
             continue
         for ss, se in _spans(text, _SENTENCE, ps, pe):
-            if _count(text[ss:se]) <= max_tokens:
+            if count(ss, se) <= max_tokens:
                 units.append((ss, se, True))
             else:
-                units.extend((a, b, False) for a, b in _hard_cut(text, ss, se, max_tokens))
+                units.extend((a, b, False) for a, b in _hard_cut(text, ss, se, max_tokens, count))
     return units
 
 
-def _windows(text: str, max_tokens: int, overlap_tokens: int) -> list[str]:
-    units = _units(text, max_tokens)
-    windows: list[str] = []
+def _windows(text: str, max_tokens: int, overlap_tokens: int, count) -> list[tuple[int, int]]:
+    units = _units(text, max_tokens, count)
+    windows: list[tuple[int, int]] = []
     current: list[tuple[int, int, bool]] = []
     fresh = 0  # units in `current` not carried over from the previous window
 
-    def content(us: list[tuple[int, int, bool]]) -> str:
-        return text[us[0][0]:us[-1][1]]
-
     for unit in units:
-        if current and _count(content(current + [unit])) > max_tokens:
-            windows.append(content(current))
+        if current and count(current[0][0], unit[1]) > max_tokens:
+            windows.append((current[0][0], current[-1][1]))
             carry: list[tuple[int, int, bool]] = []
             for u in reversed(current):
-                if not u[2] or _count(content([u] + carry)) > overlap_tokens:
+                if not u[2] or count(u[0], (carry or [u])[-1][1]) > overlap_tokens:
                     break
                 carry.insert(0, u)
             # the carry must leave room for the new unit
-            while carry and _count(content(carry + [unit])) > max_tokens:
+            while carry and count(carry[0][0], unit[1]) > max_tokens:
                 carry.pop(0)
             current, fresh = carry, 0
         current.append(unit)
         fresh += 1
     if current and fresh:
-        windows.append(content(current))
+        windows.append((current[0][0], current[-1][1]))
     return windows
+
+
+def _pieces(text: str, max_tokens: int, overlap_tokens: int) -> list[tuple[str, int]]:
+    """Each window's content and exact count. A window the whole text's tokenization put within
+    budget but whose own count is over is split again with exact counts."""
+    out = []
+    for a, b in _windows(text, max_tokens, overlap_tokens, _Counter(text)):
+        piece = text[a:b]
+        n = _count(piece)
+        if n <= max_tokens:
+            out.append((piece, n))
+        else:
+            out.extend((piece[x:y], _count(piece[x:y]))
+                       for x, y in _windows(piece, max_tokens, overlap_tokens, _exact(piece)))
+    return out
+
+
+# C0 and C1 controls other than tab, newline and carriage return, and DEL: PostgreSQL text cannot
+# hold NUL, and none of them means anything to BM25, the embedder or a prompt.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def retrieval_text(text: str) -> str:
+    """The text that is chunked: controls other than tab and line breaks become spaces."""
+    return _CONTROLS.sub(" ", text)
 
 
 def chunk_text(source_event_id: str, text: str, *, max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -185,16 +242,17 @@ def chunk_text(source_event_id: str, text: str, *, max_tokens: int = DEFAULT_MAX
         raise ValueError("max_tokens must be >= 8")
     if not 0 <= overlap_tokens < max_tokens:
         raise ValueError("overlap_tokens must be in [0, max_tokens)")
-    text = text.strip()
+    text = retrieval_text(text).strip()
     if not text:
         return []
-    whole = _count(text)
-    if whole <= max_tokens:  # the common case (a turn): counted once
+    # The common case (a turn) is counted once. A token covers at most a few dozen characters,
+    # so a text this long is over budget without being counted here: `_pieces` counts it.
+    whole = _count(text) if len(text) <= 64 * max_tokens else max_tokens + 1
+    if whole <= max_tokens:
         return [Chunk(chunk_id(source_event_id, 0), source_event_id, 0, text, content_hash(text), whole)]
-    pieces = _windows(text, max_tokens, overlap_tokens)
     return [
-        Chunk(chunk_id(source_event_id, i), source_event_id, i, p, content_hash(p), _count(p))
-        for i, p in enumerate(pieces)
+        Chunk(chunk_id(source_event_id, i), source_event_id, i, p, content_hash(p), n)
+        for i, (p, n) in enumerate(_pieces(text, max_tokens, overlap_tokens))
     ]
 
 
@@ -204,7 +262,10 @@ def chunk_content(source_event_id: str, content: Any, *, content_type: str = "te
     """Chunks of an event's content: JSON values (or JSON text) via :func:`json_text`,
     bytes as UTF-8, anything else as text."""
     if isinstance(content, (bytes, bytearray)):
-        content = bytes(content).decode("utf-8", errors="replace")
+        try:
+            content = bytes(content).decode("utf-8")
+        except UnicodeDecodeError:
+            return []  # binary content is stored and returned as it is, never retrieved as text
     if isinstance(content, str) and content_type.split(";")[0].strip().lower().endswith("json"):
         try:
             content = json.loads(content)

@@ -120,3 +120,60 @@ def test_parameter_validation():
         chunk_text("e", "x", max_tokens=4)
     with pytest.raises(ValueError):
         chunk_text("e", "x", max_tokens=64, overlap_tokens=64)
+
+
+def _hostile_texts(size: int) -> dict[str, str]:
+    words = "the harbour keeper lit a lamp while seven boats waited for the tide".split()
+    sentence = " ".join(words) + ". "
+    return {
+        "no spaces": "".join(chr(ord("a") + (i * 7919) % 26) for i in range(size)),
+        "ordinary text": (sentence * (size // len(sentence) + 1))[:size],
+        "no punctuation": ((" ".join(words) + " ") * size)[:size],
+        "multi-byte": ("漢字ÿ€😀" * size)[:size // 3],
+        "NUL bytes": ("abc\x00def " * size)[:size],
+    }
+
+
+@pytest.mark.parametrize("kind", list(_hostile_texts(10)))
+def test_splitting_tokenizes_each_character_a_bounded_number_of_times(kind, monkeypatch):
+    """Linear in the content size: the characters handed to the tokenizer grow in proportion to
+    the text (one pass over the whole, one per chunk kept, and the overlap), for a text twice as
+    long exactly twice as much, give or take a chunk."""
+    import tiktoken
+
+    def encoded_chars(text: str) -> tuple[int, list]:
+        seen = [0]
+        original = tiktoken.Encoding.encode_ordinary
+
+        def counting(self, s):
+            seen[0] += len(s)
+            return original(self, s)
+
+        monkeypatch.setattr(tiktoken.Encoding, "encode_ordinary", counting)
+        chunks = chunk_text("e", text)
+        monkeypatch.setattr(tiktoken.Encoding, "encode_ordinary", original)
+        return seen[0], chunks
+
+    small, big = _hostile_texts(64 * 1024)[kind], _hostile_texts(256 * 1024)[kind]
+    small_work, small_chunks = encoded_chars(small)
+    big_work, big_chunks = encoded_chars(big)
+    assert small_work <= 4 * len(small) and big_work <= 4 * len(big)
+    assert big_work / small_work < 4 * 1.1  # 4x the text, 4x the work
+    for c in big_chunks:
+        assert c.token_count == count(c.content) <= chunking.DEFAULT_MAX_TOKENS
+        assert "\x00" not in c.content
+
+
+def test_controls_become_spaces_and_binary_content_yields_no_chunk():
+    [c] = chunk_content("e", b"before\x00after\x07bell\ttab\nline")
+    assert c.content == "before after bell\ttab\nline"
+    assert chunk_content("e", bytes(range(256)) * 4) == []  # not UTF-8: stored, never chunked
+    assert chunk_content("e", "naïve café".encode())[0].content == "naïve café"
+
+
+def test_a_token_without_spaces_is_capped_in_the_index():
+    from context_engine.projections.retrieval.bm25 import MAX_TERM_CHARS, analyze
+
+    [term] = analyze("x" * 10_000)
+    assert term == "x" * MAX_TERM_CHARS
+    assert analyze("ordinary words stay whole") == ["ordinary", "words", "stay", "whole"]
