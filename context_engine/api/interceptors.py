@@ -1,8 +1,10 @@
 """Server interceptors: thin wrappers around each unary handler.
 
 - `ErrorsAndAccessLog` (outermost): one JSON access-log line per call, and the translation of
-  domain errors into gRPC status (reason codes in ErrorInfo). Unexpected exceptions become
-  INTERNAL without leaking their text.
+  domain errors into gRPC status (reason codes in ErrorInfo). A request body that does not parse
+  is INVALID_ARGUMENT (before authentication, saying nothing of the body); PostgreSQL or the
+  broker going away is UNAVAILABLE (`errors.unavailable_cause`); other unexpected exceptions
+  become INTERNAL without leaking their text.
 - `Authentication`: verifies the bearer JWT, checks that `request.scope` equals the token's
   scope, and makes the Principal available to handlers through `current_principal()`.
 - `ServiceToken`: the detector sidecar's optional shared secret.
@@ -15,6 +17,7 @@ import contextvars
 import hmac
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -44,13 +47,45 @@ def current_principal() -> Principal:
         raise errors.Unauthenticated("no authenticated principal", reason="NO_PRINCIPAL") from None
 
 
-def _wrap_unary(handler: grpc.RpcMethodHandler | None,
-                around: Callable[[Behavior], Behavior]) -> grpc.RpcMethodHandler | None:
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """What a request body that does not parse becomes, in place of the request message.
+
+    grpc.aio calls the handler's request deserializer outside every interceptor and answers an
+    exception from it UNKNOWN with the exception's type and text, before any authentication.
+    `ErrorsAndAccessLog` installs a deserializer that returns this instead, and answers it
+    INVALID_ARGUMENT naming only the message type."""
+
+    message_name: str
+    error: str  # the parser's exception type, for the server's log only
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None, method: str) -> Callable[[bytes], Any] | None:
+    if deserializer is None or getattr(deserializer, "tolerant", False):
+        return deserializer
+    descriptor = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    message_name = getattr(descriptor, "full_name", None) or f"{method.rsplit('/', 1)[-1]} request"
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as exc:  # DecodeError, or anything else the parser raises: never the text
+            return Undecodable(message_name, type(exc).__name__)
+
+    decode.tolerant = True  # type: ignore[attr-defined]
+    return decode
+
+
+def _wrap_unary(handler: grpc.RpcMethodHandler | None, around: Callable[[Behavior], Behavior],
+                *, method: str | None = None) -> grpc.RpcMethodHandler | None:
+    """The handler with its behavior wrapped by `around`; with `method`, its request deserializer
+    also turns a body that does not parse into `Undecodable`."""
     if handler is None or handler.unary_unary is None:
         return handler
+    deserializer = handler.request_deserializer
     return grpc.unary_unary_rpc_method_handler(
         around(handler.unary_unary),
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=_tolerant(deserializer, method) if method is not None else deserializer,
         response_serializer=handler.response_serializer,
     )
 
@@ -75,10 +110,16 @@ class ErrorsAndAccessLog(grpc.aio.ServerInterceptor):
                 started = time.perf_counter()
                 code = grpc.StatusCode.OK
                 try:
+                    if isinstance(request, Undecodable):
+                        log.warning("undecodable request", method=method, error=request.error)
+                        raise errors.UndecodableRequest(request.message_name)
+                    budget = asyncio.timeout(self._max_seconds)
                     try:
-                        async with asyncio.timeout(self._max_seconds):
+                        async with budget:
                             return await behavior(request, context)
                     except TimeoutError as exc:  # no call may hang: say where it was stuck
+                        if not budget.expired():  # a timeout of the handler's own (a connect, an acquire)
+                            raise
                         log.error("handler exceeded its time", method=method, seconds=self._max_seconds,
                                   exc_info=exc.__context__ or exc)
                         raise errors.DeadlineExceeded(
@@ -90,11 +131,18 @@ class ErrorsAndAccessLog(grpc.aio.ServerInterceptor):
                 except grpc.aio.AbortError:
                     code = context.code() or grpc.StatusCode.UNKNOWN
                     raise
-                except Exception:
-                    code = grpc.StatusCode.INTERNAL
-                    log.exception("unhandled error", method=method)
-                    await context.abort_with_status(
-                        to_status(code, "internal error; see server log", "INTERNAL"))
+                except Exception as exc:
+                    unavailable = errors.unavailable_cause(exc)
+                    if unavailable is None:
+                        code = grpc.StatusCode.INTERNAL
+                        log.exception("unhandled error", method=method)
+                        await context.abort_with_status(
+                            to_status(code, "internal error; see server log", "INTERNAL"))
+                    else:  # PostgreSQL or the broker went away: the caller should retry
+                        code = grpc.StatusCode.UNAVAILABLE
+                        log.warning("dependency unavailable", method=method, reason=unavailable.reason,
+                                    error=f"{type(exc).__name__}: {exc}")
+                        await context.abort_with_status(status_for(unavailable))
                 finally:
                     principal = _principal.get(None)
                     seconds = time.perf_counter() - started
@@ -108,7 +156,7 @@ class ErrorsAndAccessLog(grpc.aio.ServerInterceptor):
 
         if method.startswith(OPEN_SERVICES):
             return await continuation(details)
-        return _wrap_unary(await continuation(details), around)
+        return _wrap_unary(await continuation(details), around, method=method)
 
 
 class Authentication(grpc.aio.ServerInterceptor):
