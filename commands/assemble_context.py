@@ -95,21 +95,19 @@ def _validate(cmd: AssembleContext, max_budget: int) -> tuple[list[str], list[st
     validation.session_id(cmd.session_id)
     if not 1 <= cmd.token_budget <= max_budget:
         raise InvalidArgument("token_budget", f"must be between 1 and {max_budget}, got {cmd.token_budget}")
-    if len(cmd.model_id) > 128:
-        raise InvalidArgument("model_id", "must be at most 128 characters")
+    validation.label(cmd.model_id, "model_id")
     if len(cmd.task_description.encode()) > MAX_QUERY_BYTES:
         raise InvalidArgument("task_description", f"must be at most {MAX_QUERY_BYTES} bytes")
     pinned = _hint_list(cmd.hints, PINNED_HINT)
     for chunk_id in pinned:
-        try:
-            uuid.UUID(chunk_id)
-        except ValueError:
-            raise InvalidArgument(f"hints.{PINNED_HINT}", f"{chunk_id!r} is not a chunk id (UUID)") from None
+        validation.uuid_text(chunk_id, f"hints.{PINNED_HINT}", "chunk id")
     required = _hint_list(cmd.hints, MUST_INCLUDE_HINT)
     for key in required:
-        if key not in MEMORY_KEYS and not key.startswith("event:"):
+        if key.startswith("event:"):
+            validation.uuid_text(key.split(":", 1)[1], f"hints.{MUST_INCLUDE_HINT}", "event id")
+        elif key not in MEMORY_KEYS:
             raise InvalidArgument(f"hints.{MUST_INCLUDE_HINT}",
-                                  f"{key!r} is not a key: use one of {', '.join(MEMORY_KEYS)} or event:<event_id>")
+                                  f"{key[:40]!r} is not a key: use one of {', '.join(MEMORY_KEYS)} or event:<event_id>")
     return pinned, required
 
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
+from context_engine import validation
 from context_engine.errors import InvalidArgument
 
 Level = Literal["org", "pillar", "team", "agent"]
 LEVELS: tuple[Level, ...] = ("org", "pillar", "team", "agent")
 
-# Ids travel in keys, topic keys and log lines; keep them printable and bounded.
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+# Ids travel in keys, topic keys and log lines; keep them printable and bounded. The rule lives
+# in context_engine.validation (`identifier`); the name stays for the code that imports it here.
+ID_PATTERN = validation.ID_PATTERN
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +37,7 @@ class Scope:
                 continue
             if seen_empty:
                 raise InvalidArgument(f"{field}.{name}", f"is set while {field}.{seen_empty} is empty")
-            if not ID_PATTERN.match(value):
-                raise InvalidArgument(f"{field}.{name}", "must be 1-128 characters of [A-Za-z0-9._:@-]")
+            validation.identifier(value, f"{field}.{name}")
         return cls(org_id, pillar_id, team_id, agent_id)
 
     @property

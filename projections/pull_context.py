@@ -18,7 +18,6 @@ from context_engine.auth import Principal
 from context_engine.errors import InvalidArgument, NotFound, Unavailable
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
-from context_engine.scope import ID_PATTERN
 from context_engine.streams.freshness import SessionFreshness
 
 
@@ -58,10 +57,12 @@ async def await_scan(pool, memory: queries.MemoryVersion, timeout: float) -> que
 
 
 async def _pull(pool, freshness: SessionFreshness, principal: Principal, query: PullContext) -> Pulled:
-    if query.agent_id and not ID_PATTERN.match(query.agent_id):
-        raise InvalidArgument("agent_id", "must be 1-128 characters of [A-Za-z0-9._:@-]")
+    if query.agent_id:
+        validation.agent_id(query.agent_id)
     if query.session_id:
         validation.session_id(query.session_id)
+    if query.snapshot_name:
+        validation.name(query.snapshot_name, "snapshot_name")
     if query.snapshot_name and not query.session_id:
         raise InvalidArgument("session_id", "is required with snapshot_name (snapshots belong to a session)")
     org = principal.scope.org_id

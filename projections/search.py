@@ -40,6 +40,7 @@ import asyncpg
 import numpy as np
 import orjson
 
+from context_engine import validation
 from context_engine.concurrency import alongside
 from context_engine.errors import InvalidArgument
 from context_engine.inference.query_vectors import QueryVectors
@@ -114,9 +115,7 @@ def validate(q: SearchQuery) -> tuple[str, str]:
         raise InvalidArgument("query", "must not be empty")
     if len(q.query.encode()) > MAX_QUERY_BYTES:
         raise InvalidArgument("query", f"must be at most {MAX_QUERY_BYTES} bytes")
-    domain = q.domain.strip()
-    if len(domain) > MAX_DOMAIN_CHARS:
-        raise InvalidArgument("domain", f"must be at most {MAX_DOMAIN_CHARS} characters")
+    domain = validation.label(q.domain.strip(), "domain", MAX_DOMAIN_CHARS)
     return query, domain
 
 
