@@ -15,7 +15,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
 
 # Sub-millisecond to seconds: the stages of one query are fractions of a millisecond to tens.
 _BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.025, 0.035, 0.05,
@@ -48,6 +48,10 @@ PROJECTOR_BATCH_SECONDS = Histogram(
     "Time of one projector batch: its transaction (archive, read models, offsets, NOTIFY) to the commit.",
     buckets=_BUCKETS)
 
+PROJECTOR_REJECTED_EVENTS = Counter(
+    "context_engine_projector_rejected_events",
+    "Records of the domain topic the projector set aside (rejected_events): undecodable, or not applicable.")
+
 PROJECTOR_BATCH_EVENTS = Histogram(
     "context_engine_projector_batch_events", "Events in one projector batch.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
@@ -67,6 +71,25 @@ EMBEDDING_BATCH_SECONDS = Histogram(
 
 EMBEDDED_TEXTS = Counter(
     "context_engine_embedded_texts_total", "Contents the worker's embedder computed (not reused).")
+
+
+# -- the local embedder (every process that starts one: the API, the worker) ----------------
+
+EMBEDDER_MATMUL = Info(
+    "context_engine_embedder_matmul",
+    "How the local MiniLM computes its weight products: requested (CONTEXT_ENGINE_MINILM_MATMUL), in use "
+    "(float32 when the int8 self-check at start disagreed with float32 on this CPU), and its model_version.")
+
+EMBEDDER_INT8_CHECK_MIN_COSINE = Gauge(
+    "context_engine_embedder_int8_check_min_cosine",
+    "The int8 self-check at the embedder's start: lowest cosine between the int8 and float32 products' vectors "
+    "over its texts (int8 is kept at >= INT8_MIN_COSINE, inference/embedder.py); NaN when no check ran.")
+
+
+def record_embedder_matmul(*, requested: str, in_use: str, model_version: str, min_cosine: float | None) -> None:
+    """What the local embedder started with (the last one started in this process)."""
+    EMBEDDER_MATMUL.info({"requested": requested, "in_use": in_use, "model_version": model_version})
+    EMBEDDER_INT8_CHECK_MIN_COSINE.set(float("nan") if min_cosine is None else min_cosine)
 
 
 @contextlib.contextmanager

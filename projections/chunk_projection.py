@@ -29,6 +29,7 @@ an empty database) skips the deltas and recounts once at the end.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import uuid
@@ -42,8 +43,8 @@ import numpy as np
 import orjson
 from pgvector import Vector
 
-from context_engine.projections.retrieval.bm25 import B, K1, term_frequencies
-from context_engine.projections.retrieval.chunking import chunk_content
+from context_engine.projections.retrieval.bm25 import B, K1, DocumentTerms, term_frequencies
+from context_engine.projections.retrieval.chunking import Chunk, chunk_content
 from context_engine.projections.statement_batch import StatementBatch
 
 SEMANTIC = "semantic"
@@ -71,6 +72,13 @@ def _content_type(content: bytes, metadata: dict[str, Any]) -> str:
         return declared
     head = content.lstrip()[:1]
     return "application/json" if head in (b"{", b"[") else "text/plain"
+
+
+OFF_LOOP_BYTES = 64 * 1024
+
+
+def _analysed(event_id: str, content: bytes, content_type: str) -> list[tuple[Chunk, DocumentTerms]]:
+    return [(c, term_frequencies(c.content)) for c in chunk_content(event_id, content, content_type=content_type)]
 
 
 @dataclass
@@ -111,17 +119,22 @@ class ChunkProjection:
         self._to_copy: list[tuple] | None = None  # postings a bulk load COPYs after the batch
         self.recorded: set[str] = set()  # content hashes whose vectors this batch recorded
 
-    def add(self, *, event_id: str, source_kind: str, session_id: str | None, scope_path: str,
-            content: bytes, metadata: dict[str, Any], created_at: dt.datetime,
-            pii_status: str = "clear", active: bool = True, added_by: str | None = None) -> None:
+    async def add(self, *, event_id: str, source_kind: str, session_id: str | None, scope_path: str,
+                  content: bytes, metadata: dict[str, Any], created_at: dt.datetime,
+                  pii_status: str = "clear", active: bool = True, added_by: str | None = None) -> None:
         """Chunk a source's content. `added_by`: the event applying this (default: the source
-        itself; a memory's chunks are added by its memory.scrubbed event)."""
+        itself; a memory's chunks are added by its memory.scrubbed event). A long content is
+        chunked and analysed on a thread: the worker's event loop keeps serving its consumers'
+        heartbeats and the other agents meanwhile (1 MiB takes 0.2-0.6 s)."""
         domain = str(metadata.get(DOMAIN_KEY) or "")
         searchable = active and pii_status == "clear"
-        chunks = chunk_content(event_id, content, content_type=_content_type(content, metadata))
+        content_type = _content_type(content, metadata)
+        if len(content) > OFF_LOOP_BYTES:
+            analysed = await asyncio.to_thread(_analysed, event_id, content, content_type)
+        else:
+            analysed = _analysed(event_id, content, content_type)
         meta_json = orjson.dumps(metadata).decode()
-        for c in chunks:
-            doc = term_frequencies(c.content)
+        for c, doc in analysed:
             cid = str(c.id)
             self.added_by[cid] = added_by or event_id
             self.pending.chunks.append((cid, scope_path, event_id, source_kind, session_id, c.index,

@@ -18,7 +18,10 @@ on restart the batch is redelivered and every event in it is a duplicate.
 Log positions are recorded, not trusted as identity: after a memory-only broker is restored from
 the archive, a record may sit at an offset another event had before the crash (an unacknowledged
 produce can land first). Identity is the event_id; order is the archive's `archive_seq`.
-Records that cannot be decoded fail the batch (ProjectionError): nothing is silently dropped.
+A record that cannot be decoded or applied (malformed bytes, a payload PostgreSQL cannot store)
+is set aside in `rejected_events` with the reason, reported REJECTED, and logged; the rest of
+its batch commits and the partition moves on. A failure that is not the event's own (the
+connection, the server) fails the whole batch instead, for the worker to retry.
 
 Row-level security: the worker connects as the admin role (see projections/database.py) and
 sets `app.org_id` (transaction-local) before writing each org's rows and '_system' before the
@@ -86,6 +89,7 @@ from typing import Any
 
 import asyncpg
 import orjson
+import structlog
 
 from context_engine.events import (
     COMPACTION_THRESHOLD,
@@ -102,7 +106,8 @@ from context_engine.events import (
 )
 from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
 from context_engine.projections.database import require_standard_strings, set_config_sql, sql_literal
-from context_engine.scope import Scope
+from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
+from context_engine.scope import ID_PATTERN, Scope
 
 from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, pii_scan_job
 
@@ -110,6 +115,8 @@ from .chunk_projection import SEMANTIC, BulkLoad, ChunkProjection
 from .guardrail_projection import apply_guardrail_published
 from .records import LogRecord
 from .statement_batch import NOTHING, StatementBatch
+
+log = structlog.get_logger("context_engine.projector")
 
 PROJECTOR = "session"
 SYSTEM_ORG = "_system"
@@ -122,6 +129,7 @@ UNKNOWN_TARGET = "UNKNOWN_TARGET"
 IGNORED = "IGNORED"
 OUT_OF_SCOPE = "OUT_OF_SCOPE"
 IDEMPOTENCY_KEY_TAKEN = "IDEMPOTENCY_KEY_TAKEN"
+REJECTED = "REJECTED"  # set aside: not archived, nothing applied (rejected_events)
 
 
 # What announces a committed batch: its results -> (channel, payloads) for pg_notify.
@@ -165,53 +173,150 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
     Returns one Applied per record, in input order. `notify` gives the (channel, payloads) that
     announce the batch: sent with the offsets, delivered at commit. `bulk`: a replay into an empty database,
     which looks for no chunks to embed (the log holds their vectors) and leaves the retrieval
-    statistics to `recount_statistics`."""
+    statistics to `recount_statistics`.
+
+    A record that cannot be decoded or applied is set aside (`rejected_events`, outcome
+    REJECTED) and takes nothing with it: each org's events run under a savepoint, and when one
+    of them fails, the org's events are applied again one at a time, each under its own."""
     if not records:
         return []
-    events = [_decode(r) for r in records]
-    ids = [str(uuid.UUID(ev.event_id)) for ev in events]  # as the archive returns them
+    results: list[Applied | None] = [None] * len(records)
+    rejections: list[Rejection] = []
+    events: list[Event | None] = []
+    for i, rec in enumerate(records):
+        try:
+            events.append(_decode(rec))
+        except ProjectionError as exc:
+            events.append(None)
+            rejections.append(_rejection(rec, exc))
+            results[i] = rejections[-1].applied
     by_org: dict[str, list[int]] = {}
     for i, ev in enumerate(events):
-        by_org.setdefault(ev.scope.org_id, []).append(i)
-    results: list[Applied | None] = [None] * len(records)
-    first_org = next(iter(by_org))
+        if ev is not None:
+            by_org.setdefault(ev.scope.org_id, []).append(i)
+    first_org = next(iter(by_org), SYSTEM_ORG)
 
     def closing() -> str:  # the announcement needs every outcome, so it is written last
         return _closing(notify([r for r in results if r is not None]) if notify else None)
 
-    async with _batch_transaction(conn, _opening(projector, records, first_org), closing):
+    async with _batch_transaction(conn, _opening(projector, records, first_org) + ";\nSAVEPOINT org_batch",
+                                  closing):
         for org_id, indexes in by_org.items():
             if org_id != first_org:  # the opening statements set the first
-                await _set_org(conn, org_id)
-            fresh = await _archive(conn, org_id, [(records[i], events[i]) for i in indexes])
-            applier = _OrgApplier(conn, org_id, bulk)
-            todo = []
-            for i in indexes:
-                eid = ids[i]
-                if eid in fresh:
-                    fresh.discard(eid)  # a repeat later in this batch is a duplicate
-                    todo.append(i)
-                else:
-                    results[i] = _applied(records[i], events[i], DUPLICATE)
-            await applier.load_sessions({sid for i in todo if (sid := _session_id(events[i]))})
-            await applier.load_idempotency_keys(
-                {(sid, k) for i in todo if events[i].type == EVENT_INGESTED
-                 and (sid := _session_id(events[i])) and (k := _idempotency_key(events[i]))})
-            for i in todo:
-                try:
-                    results[i] = await applier.apply(records[i], events[i])
-                except (KeyError, TypeError, ValueError, binascii.Error) as exc:
-                    raise ProjectionError(f"cannot project {_where(records[i])} "
-                                          f"({events[i].type} {events[i].event_id}): {exc!r}") from exc
-            await applier.finish()
-            if bulk:
-                continue
-            unembedded = applier.chunks.unembedded()
-            for i in indexes:
-                if (r := results[i]) is not None and r.outcome == APPLIED and r.event_id in unembedded:
-                    job = embedding_job(Scope(org_id), r.event_id, unembedded[r.event_id])
-                    results[i] = dataclasses.replace(r, jobs=(*r.jobs, ("embedding", job)))
+                await conn.execute(f"RELEASE SAVEPOINT org_batch;\n{set_config_sql({'app.org_id': org_id})};\n"
+                                   "SAVEPOINT org_batch")
+            try:
+                await _project_org(conn, org_id, records, events, indexes, results, bulk)
+            except EVENT_FAULTS:
+                await conn.execute("ROLLBACK TO SAVEPOINT org_batch")
+                for i in indexes:  # the slow path: find the events that fail, keep the rest
+                    await conn.execute("SAVEPOINT one_event")
+                    try:
+                        await _project_org(conn, org_id, records, events, [i], results, bulk)
+                    except EVENT_FAULTS as exc:
+                        await conn.execute("ROLLBACK TO SAVEPOINT one_event")
+                        rejections.append(_rejection(records[i], exc, events[i]))
+                        results[i] = rejections[-1].applied
+                    await conn.execute("RELEASE SAVEPOINT one_event")
+        if rejections:
+            await _set_aside(conn, rejections)
     return [r for r in results if r is not None]
+
+
+async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[LogRecord],
+                       events: Sequence[Event | None], indexes: list[int],
+                       results: list[Applied | None], bulk: BulkLoad | None) -> None:
+    """Archive one org's records of the batch and apply the fresh ones, in log order."""
+    fresh = await _archive(conn, org_id, [(records[i], events[i]) for i in indexes])
+    applier = _OrgApplier(conn, org_id, bulk)
+    todo = []
+    for i in indexes:
+        eid = str(uuid.UUID(events[i].event_id))  # as the archive returns it
+        if eid in fresh:
+            fresh.discard(eid)  # a repeat later in this batch is a duplicate
+            todo.append(i)
+        else:
+            results[i] = _applied(records[i], events[i], DUPLICATE)
+    await applier.load_sessions({sid for i in todo if (sid := _session_id(events[i]))})
+    await applier.load_idempotency_keys(
+        {(sid, k) for i in todo if events[i].type == EVENT_INGESTED
+         and (sid := _session_id(events[i])) and (k := _idempotency_key(events[i]))})
+    for i in todo:
+        try:
+            results[i] = await applier.apply(records[i], events[i])
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            raise ProjectionError(f"cannot project {_where(records[i])} "
+                                  f"({events[i].type} {events[i].event_id}): {exc!r}") from exc
+    await applier.finish()
+    if bulk:
+        return
+    unembedded = applier.chunks.unembedded()
+    for i in indexes:
+        if (r := results[i]) is not None and r.outcome == APPLIED and r.event_id in unembedded:
+            job = embedding_job(Scope(org_id), r.event_id, unembedded[r.event_id])
+            results[i] = dataclasses.replace(r, jobs=(*r.jobs, ("embedding", job)))
+
+
+# What an event itself can cause while it is applied: a payload the code or the database cannot
+# take (a NUL in a text column, an unstorable value, a broken constraint). Anything else (the
+# connection, the server going away) fails the whole batch, which the worker retries.
+EVENT_FAULTS = (ProjectionError, KeyError, TypeError, ValueError, binascii.Error, UnicodeError,
+                OverflowError, asyncpg.DataError, asyncpg.IntegrityConstraintViolationError,
+                asyncpg.ProgramLimitExceededError)
+MAX_REASON_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A record set aside, and what the batch reports for it."""
+
+    applied: Applied
+    raw: bytes
+    reason: str
+
+
+def _rejection(rec: LogRecord, exc: BaseException, ev: Event | None = None) -> Rejection:
+    org_id, event_id = (ev.scope.org_id, ev.event_id) if ev is not None else _claimed_identity(rec.raw)
+    reason = f"{type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
+    log.warning("event set aside", org_id=org_id, event_id=event_id or None, position=_where(rec),
+                reason=reason)
+    PROJECTOR_REJECTED_EVENTS.inc()
+    applied = Applied(event_id, ev.type if ev is not None else "", org_id, rec.topic, rec.partition,
+                      rec.offset, REJECTED, _session_id(ev) if ev is not None else None)
+    return Rejection(applied, bytes(rec.raw), reason)
+
+
+def _claimed_identity(raw: bytes) -> tuple[str, str]:
+    """The org and event id an undecodable record names, as far as they can be read, so that the
+    waiting command (if any) gets its answer: (SYSTEM_ORG, "") when it names none."""
+    try:
+        data = orjson.loads(raw)
+        org_id = data["scope"]["org_id"]
+        event_id = str(uuid.UUID(data["event_id"]))
+    except Exception:  # noqa: BLE001 - anything at all may be on the topic
+        return SYSTEM_ORG, ""
+    if not isinstance(org_id, str) or not ID_PATTERN.fullmatch(org_id):
+        return SYSTEM_ORG, event_id
+    return org_id, event_id
+
+
+_SET_ASIDE = """
+INSERT INTO rejected_events (record_sha256, org_id, event_id, topic, partition, "offset", reason, raw)
+SELECT u.* FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::int[], $6::bigint[],
+                       $7::text[], $8::bytea[]) AS u
+ON CONFLICT (record_sha256) DO NOTHING
+"""
+
+
+async def _set_aside(conn: asyncpg.Connection, rejections: list[Rejection]) -> None:
+    by_org: dict[str, list[Rejection]] = {}
+    for r in rejections:
+        by_org.setdefault(r.applied.org_id, []).append(r)
+    for org_id, items in by_org.items():
+        await _set_org(conn, org_id)
+        await conn.execute(_SET_ASIDE, *_columns(
+            ((sha256_hex(r.raw), org_id, r.applied.event_id or None, r.applied.topic, r.applied.partition,
+              r.applied.offset, r.reason.replace("\x00", "\\0"), r.raw) for r in items), 8))
 
 
 async def load_offsets(conn: asyncpg.Connection, projector: str = PROJECTOR) -> dict[tuple[str, int], int]:
@@ -477,9 +582,9 @@ class _OrgApplier:
                 str(p["event_type"]), content, _json_text(p.get("metadata") or {}),
                 p.get("content_sha256") or sha256_hex(content), int(p.get("token_count") or 0),
                 version, ev.occurred, key))
-            self.chunks.add(event_id=ev.event_id, source_kind="event", session_id=s.session_id,
-                            scope_path=sc.path, content=content, metadata=p.get("metadata") or {},
-                            created_at=ev.occurred)
+            await self.chunks.add(event_id=ev.event_id, source_kind="event", session_id=s.session_id,
+                                  scope_path=sc.path, content=content, metadata=p.get("metadata") or {},
+                                  created_at=ev.occurred)
             return _applied(rec, ev, APPLIED, s.session_id, seq, version)
         if ev.type == MEMORY_PUSHED:
             content = _content(p)
@@ -612,10 +717,10 @@ class _OrgApplier:
             return _applied(rec, ev, UNKNOWN_TARGET)
         if row["memory_type"] == SEMANTIC:
             await self.chunks.remove_source(p["memory_event_id"])
-            self.chunks.add(event_id=p["memory_event_id"], source_kind="memory", session_id=row["session_id"],
-                            scope_path=row["scope_path"], content=content,
-                            metadata=orjson.loads(row["metadata"]), created_at=row["created_at"],
-                            pii_status=status, active=row["active"], added_by=ev.event_id)
+            await self.chunks.add(event_id=p["memory_event_id"], source_kind="memory",
+                                  session_id=row["session_id"], scope_path=row["scope_path"], content=content,
+                                  metadata=orjson.loads(row["metadata"]), created_at=row["created_at"],
+                                  pii_status=status, active=row["active"], added_by=ev.event_id)
         return _applied(rec, ev, APPLIED, row["session_id"])
 
     async def _compaction_threshold(self, rec: LogRecord, ev: Event) -> Applied:

@@ -33,6 +33,7 @@ import datetime as dt
 import asyncpg
 import faust
 import structlog
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from upsquad.context.v1 import stream_pb2
 
@@ -283,15 +284,29 @@ async def _embed_orgs(p: EmbeddingPipeline, chunk_ids_by_org: dict[str, list[str
 
 
 async def project_batch(pool: asyncpg.Pool, records: list[LogRecord]) -> list[Applied]:
-    """Apply one batch and announce its events, atomically: NOTIFY is delivered at commit."""
+    """Apply one batch and announce its events, atomically: NOTIFY is delivered at commit.
+
+    An event that cannot be applied is set aside inside `apply_batch`; what still fails here is
+    not any event's doing (PostgreSQL restarting, a lost connection), so the same batch is tried
+    again until it commits: the partition waits, and nothing in the batch is dropped. Replaying
+    a batch is safe: the projector is idempotent on event ids."""
     PROJECTOR_BATCH_EVENTS.observe(len(records))
-    with PROJECTOR_BATCH_SECONDS.time():
-        async with pool.acquire() as conn:
-            return await apply_batch(conn, records, notify=_announce)
+    async for attempt in AsyncRetrying(wait=wait_exponential(multiplier=0.05, max=2.0),
+                                       before_sleep=_log_batch_retry, reraise=True):
+        with attempt, PROJECTOR_BATCH_SECONDS.time():
+            async with pool.acquire() as conn:
+                return await apply_batch(conn, records, notify=_announce)
+    raise AssertionError("unreachable: the retry loop returns or raises")
+
+
+def _log_batch_retry(state: RetryCallState) -> None:
+    log.warning("projector batch failed; retrying it", attempt=state.attempt_number,
+                error=repr(state.outcome.exception()) if state.outcome else None)
 
 
 def _announce(applied: list[Applied]) -> tuple[str, list[str]]:
-    return ARCHIVED_CHANNEL, archived_payloads([(a.event_id, a.outcome) for a in applied])
+    # A record too broken to name its event (rejected undecodable) has no waiter to answer.
+    return ARCHIVED_CHANNEL, archived_payloads([(a.event_id, a.outcome) for a in applied if a.event_id])
 
 
 def run_worker(settings: Settings, bootstrap: str) -> None:

@@ -38,9 +38,9 @@ from context_engine.projections.session_projector import (
     IDEMPOTENCY_KEY_TAKEN,
     IGNORED,
     OUT_OF_SCOPE,
+    REJECTED,
     SNAPSHOT_NAME_TAKEN,
     UNKNOWN_TARGET,
-    ProjectionError,
     apply_batch,
     load_offsets,
 )
@@ -264,8 +264,7 @@ async def test_duplicate_delivery_changes_nothing(conn: asyncpg.Connection) -> N
     assert offsets[(log.topic, twice[-1].partition)] == twice[-1].offset
 
 
-async def test_positions_are_recorded_not_identity_and_bad_records_fail_the_batch(
-        conn: asyncpg.Connection) -> None:
+async def test_positions_are_recorded_not_identity(conn: asyncpg.Connection) -> None:
     org, log = new_org(), Log()
     [first] = log.append(ingest(org, "s", "one"))
     await apply_batch(conn, [first])
@@ -273,15 +272,77 @@ async def test_positions_are_recorded_not_identity_and_bad_records_fail_the_batc
     other = ingest(org, "s", "another event at the same offset")
     assert [a.outcome for a in await apply_batch(
         conn, [LogRecord(first.topic, first.partition, first.offset, other.to_bytes())])] == [APPLIED]
-    before = await counts(conn, org)
-    fresh = ingest(org, "s", "innocent bystander")
-    with pytest.raises(ProjectionError, match="cannot decode"):
-        await apply_batch(conn, [LogRecord(TOPIC, 0, 10**6, b"not an event")])
-    broken = Event(EVENT_INGESTED, scope(org), session_aggregate(org, "s"), "u", {"session_id": "s"})
-    [bad] = log.append(broken)
-    with pytest.raises(ProjectionError, match=rf"{bad.topic}\[{bad.partition}\]@{bad.offset}.*content_b64"):
-        await apply_batch(conn, log.append(fresh) + [bad])
-    assert await counts(conn, org) == before
+
+
+def _poison(org: str) -> dict[str, bytes | Event]:
+    """Records the projector cannot apply, each of a different failure: what anyone who can reach
+    the topic may append."""
+    nul_metadata = ingest(org, "s", "metadata with a NUL", note="a\x00b")
+    no_content = Event(EVENT_INGESTED, scope(org), session_aggregate(org, "s"), "u", {"session_id": "s"})
+    bad_base64 = Event(EVENT_INGESTED, scope(org), session_aggregate(org, "s"), "u",
+                       {**ingest(org, "s", "x").payload, "content_b64": "%%%not base64%%%"})
+    return {
+        "not JSON": b"not an event",
+        "random bytes": bytes(random.Random(7).randrange(256) for _ in range(300)),
+        "JSON, not an event": b'{"type": "session.event_ingested"}',
+        "unknown type": orjson.dumps({**ingest(org, "s", "y").to_dict(), "type": "no.such.type"}),
+        "NUL in metadata": nul_metadata,
+        "no content": no_content,
+        "content not base64": bad_base64,
+    }
+
+
+async def test_a_record_that_cannot_be_applied_is_set_aside_and_takes_nothing_with_it(
+        conn: asyncpg.Connection) -> None:
+    """Every poison record in the middle of a batch of two orgs' valid events: each is set aside
+    (rejected_events, outcome REJECTED), every other event of the batch is applied, and the
+    offsets move past all of them."""
+    victim, attacker, log = new_org(), new_org(), Log()
+    for what, poison in _poison(attacker).items():
+        before = await counts(conn, victim)
+        valid = [ingest(victim, "v", f"before {what}"), ingest(attacker, "s", f"attacker's own {what}"),
+                 ingest(victim, "v", f"after {what}")]
+        records = log.append(valid[0], valid[1]) + log.append(poison, aggregate=session_aggregate(attacker, "s")) \
+            + log.append(valid[2])
+        applied = await apply_batch(conn, records)
+        assert [a.outcome for a in applied] == [APPLIED, APPLIED, REJECTED, APPLIED], what
+        after = await counts(conn, victim)
+        assert after["session_events"] == before["session_events"] + 2, what
+        rejected = await conn.fetchrow("SELECT org_id, event_id, reason, raw, topic, partition, \"offset\" "
+                                       "FROM rejected_events WHERE record_sha256 = $1",
+                                       sha256_hex(records[2].raw))
+        assert rejected is not None and rejected["raw"] == records[2].raw, what
+        assert (rejected["topic"], rejected["partition"], rejected["offset"]) == \
+            (records[2].topic, records[2].partition, records[2].offset)
+        if isinstance(poison, Event):  # it names its org and id: its command gets REJECTED
+            assert (rejected["org_id"], str(rejected["event_id"])) == (attacker, poison.event_id)
+            assert applied[2].event_id == poison.event_id
+            assert not await conn.fetchval("SELECT count(*) FROM event_archive WHERE event_id = $1",
+                                           uuid.UUID(poison.event_id))
+        offsets = await load_offsets(conn)
+        assert offsets[(log.topic, records[-1].partition)] >= records[-1].offset
+        # Redelivered: rejected again, nothing doubles.
+        again = await apply_batch(conn, records)
+        assert [a.outcome for a in again] == [DUPLICATE, DUPLICATE, REJECTED, DUPLICATE], what
+        assert await counts(conn, victim) == after
+    assert await conn.fetchval("SELECT count(*) FROM session_events WHERE org_id = $1", attacker) \
+        == len(_poison(attacker))
+
+
+async def test_content_with_nul_and_binary_bytes_is_stored_verbatim(conn: asyncpg.Connection) -> None:
+    org, log = new_org(), Log()
+    contents = [b"a\x00b\x00c", bytes(range(256)), "naïve \x07 bell".encode()]
+    events = []
+    for c in contents:
+        ev = ingest(org, "s", "x")
+        events.append(Event(ev.type, ev.scope, ev.aggregate, ev.actor,
+                            {**ev.payload, "content_b64": base64.b64encode(c).decode(), "content_sha256": sha256_hex(c)}))
+    assert [a.outcome for a in await apply_batch(conn, log.append(*events))] == [APPLIED] * 3
+    rows = await conn.fetch("SELECT e.content, array_agg(c.content) FILTER (WHERE c.content IS NOT NULL) AS chunks "
+                            "FROM session_events e LEFT JOIN chunks c ON c.org_id = e.org_id AND c.source_event_id = e.event_id "
+                            "WHERE e.org_id = $1 GROUP BY e.event_id, e.seq ORDER BY e.seq", org)
+    assert [r["content"] for r in rows] == contents
+    assert [r["chunks"] for r in rows] == [["a b c"], None, ["naïve   bell"]]
 
 
 async def test_a_batch_of_several_orgs_with_quotes_in_its_names_is_written_and_announced(
