@@ -40,13 +40,18 @@ def chain(session_key: str, content_hashes: Iterable[str]) -> list[str]:
 
 
 def merkle_root(leaf_hashes: list[str]) -> str:
-    """Binary Merkle root over hex leaves, in the given order; an odd node is paired with itself.
-    Leaves and inner nodes are domain-separated so a leaf can never pose as an inner node."""
+    """RFC 6962's Merkle Tree Hash over hex leaves, in the given order: a leaf is H(0x00 ‖ leaf),
+    an inner node H(0x01 ‖ left ‖ right), a tree of n > 1 leaves splits after the largest power
+    of two below n, and the empty tree is H(""). No node is ever paired with itself, so
+    [a, b, c] and [a, b, c, c] have different roots (the odd-leaf duplication of CVE-2012-2459),
+    and the prefixes make a leaf unable to pose as an inner node. Test vectors: docs/assembly.md."""
     if not leaf_hashes:
-        return sha256_hex(b"\x00empty")
-    level = [hashlib.sha256(b"\x00" + bytes.fromhex(h)).digest() for h in leaf_hashes]
-    while len(level) > 1:
-        if len(level) % 2:
-            level.append(level[-1])
-        level = [hashlib.sha256(b"\x01" + level[i] + level[i + 1]).digest() for i in range(0, len(level), 2)]
-    return level[0].hex()
+        return sha256_hex(b"")
+    return _tree_hash([hashlib.sha256(b"\x00" + bytes.fromhex(h)).digest() for h in leaf_hashes]).hex()
+
+
+def _tree_hash(nodes: list[bytes]) -> bytes:
+    if len(nodes) == 1:
+        return nodes[0]
+    split = 1 << ((len(nodes) - 1).bit_length() - 1)  # the largest power of two below len(nodes)
+    return hashlib.sha256(b"\x01" + _tree_hash(nodes[:split]) + _tree_hash(nodes[split:])).digest()

@@ -63,6 +63,36 @@ def test_merkle_root_order_and_domain_separation():
     assert hashing.is_sha256_hex(hashing.merkle_root([]))
 
 
+# RFC 6962's reference tree: the leaves and the tree heads of its first 0..8 leaves, as every
+# Certificate Transparency implementation tests them (also in docs/assembly.md).
+RFC6962_LEAVES = ["", "00", "10", "2021", "3031", "40414243", "5051525354555657",
+                  "606162636465666768696a6b6c6d6e6f"]
+RFC6962_ROOTS = [
+    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d",
+    "fac54203e7cc696cf0dfcb42c92a1d9dbaf70ad9e621f4bd8d98662f00e3c125",
+    "aeb6bcfe274b70a14fb067a5e5578264db0fa9b51af5e0ba159158f329e06e77",
+    "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7",
+    "4e3bbb1f7b478dcfe71fb631631519a3bca12c9aefca1612bfce4c13a86264d4",
+    "76e67dadbcdf1e10e1b74ddc608abd2f98dfb16fbce75277b5232a127f2087ef",
+    "ddb89be403809e325750d3d263cd78929c2942b7942a34b77e122c9594a74c8c",
+    "5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328",
+]
+
+
+@pytest.mark.parametrize("size", range(len(RFC6962_ROOTS)))
+def test_merkle_root_is_rfc6962s_tree_hash(size):
+    assert hashing.merkle_root(RFC6962_LEAVES[:size]) == RFC6962_ROOTS[size]
+
+
+@pytest.mark.parametrize("n", range(1, 18))
+def test_no_two_leaf_lists_share_a_root_by_repeating_the_last(n):
+    """CVE-2012-2459: with odd nodes paired with themselves, [a, b, c] and [a, b, c, c] collide."""
+    leaves = [hashing.sha256_hex(f"block {i}".encode()) for i in range(n)]
+    assert hashing.merkle_root(leaves) != hashing.merkle_root(leaves + leaves[-1:])
+    assert hashing.merkle_root(leaves + leaves) != hashing.merkle_root(leaves)
+
+
 @pytest.mark.parametrize("value, ok", [("a" * 64, True), ("A" * 64, False), ("a" * 63, False), ("g" * 64, False)])
 def test_sha256_hex_shape(value, ok):
     assert hashing.is_sha256_hex(value) is ok
