@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 import structlog
@@ -125,6 +125,16 @@ class EventLog:
         return LogPosition(meta.topic, meta.partition, meta.offset)
 
 
+@dataclass(frozen=True, slots=True)
+class RetryAdvice:
+    """What an unacknowledged command's caller is told a retry does (`text`, the end of the
+    NOT_DURABLE_YET message), and what the retry needs (ErrorInfo metadata, e.g. idempotency_key).
+    The commands build it (commands/deps.py `retry_advice`): only they know what a retry does."""
+
+    text: str
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
 class ArchiveWatch:
     """Waits for the archiver's word that an event is durable."""
 
@@ -155,9 +165,12 @@ class ArchiveWatch:
         """Register interest before appending, so a notification cannot arrive unheard."""
         self._waiters[event_id] = asyncio.get_running_loop().create_future()
 
-    async def wait(self, event_id: str, org_id: str, position: LogPosition, *, timeout: float) -> str | None:
+    async def wait(self, event_id: str, org_id: str, position: LogPosition, *, timeout: float,
+                   retry: RetryAdvice | None = None) -> str | None:
         """Return once the event is archived (and projected: one transaction): the projector's
-        outcome, or None when the archive was asked directly and the caller must read back."""
+        outcome, or None when the archive was asked directly and the caller must read back.
+        After `timeout`: UNAVAILABLE (NOT_DURABLE_YET), saying what `retry` of the command does;
+        its ErrorInfo metadata carries `event_id` and the retry's own (e.g. `idempotency_key`)."""
         future = self._waiters.get(event_id) or asyncio.get_running_loop().create_future()
         self._waiters[event_id] = future
         deadline = time.monotonic() + timeout
@@ -165,10 +178,12 @@ class ArchiveWatch:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    advice = retry or RetryAdvice("a retry appends a second event")
                     raise Unavailable(
                         f"event {event_id} was appended at {position.topic}/{position.partition}"
-                        f"@{position.offset} but not archived within {timeout:.1f}s; it is not "
-                        "acknowledged, retry with the same idempotency-key", reason="NOT_DURABLE_YET")
+                        f"@{position.offset} but not archived within {timeout:.1f}s: it is not "
+                        f"acknowledged, and it may still be applied; {advice.text}",
+                        reason="NOT_DURABLE_YET", metadata={"event_id": event_id, **advice.metadata})
                 with contextlib.suppress(asyncio.TimeoutError):
                     return await asyncio.wait_for(asyncio.shield(future), min(self._poll, remaining))
                 # A notification can be missed (the listening connection dropped): ask directly.
@@ -176,6 +191,10 @@ class ArchiveWatch:
                     return None
         finally:
             self._waiters.pop(event_id, None)
+
+    def waiting(self) -> int:
+        """How many appends are waiting for their acknowledgement now."""
+        return len(self._waiters)
 
     def forget(self, event_id: str) -> None:
         self._waiters.pop(event_id, None)
