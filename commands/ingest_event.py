@@ -1,15 +1,28 @@
-"""IngestEvent: persist one conversation event of a session."""
+"""IngestEvent: persist one conversation event of a session.
+
+Idempotency (docs/architecture.md, "Retries and idempotency"). Every call has a key a retry can
+send in the `idempotency-key` header:
+- the caller's own key: stored with the event; per session, the first event with a key wins it
+  (the projector settles a race), and a later call with that key answers with that event, or is
+  refused (FAILED_PRECONDITION, IDEMPOTENCY_KEY_REUSED) when its content, event_type or metadata
+  differ from what the first stored;
+- otherwise the server's, `event_key(event_id)`: it names the event itself and is not stored. A
+  retry with it appends the same event id again; the archive keeps one event per id, so the
+  retry returns the event if it was applied and writes it once otherwise.
+Client keys may not start with SERVER_KEY_PREFIX except in exactly the form the server issues.
+"""
 
 from __future__ import annotations
 
 import base64
+import uuid
 from dataclasses import dataclass
 
 from context_engine.auth import Principal
 from context_engine import validation
 from context_engine.commands.deps import Deps
 from context_engine.commands.session_access import session_claimed_elsewhere
-from context_engine.errors import InvalidArgument
+from context_engine.errors import FailedPrecondition, InvalidArgument
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from context_engine.inference.tokens import count_tokens
@@ -19,6 +32,9 @@ from context_engine.projections.session_projector import APPLIED, OUT_OF_SCOPE
 
 EVENT_TYPES = ("message", "tool_output", "workflow_event")
 MAX_IDEMPOTENCY_KEY = 128
+IDEMPOTENCY_HEADER = "idempotency-key"
+# Keys the server issues (`event_key`), in a namespace client keys may not use.
+SERVER_KEY_PREFIX = "ce-event:"
 
 
 @dataclass(frozen=True)
@@ -37,52 +53,93 @@ class Ingested:
     token_count: int
 
 
+def event_key(event_id: str) -> str:
+    """The idempotency key the server gives an event whose caller sent none."""
+    return f"{SERVER_KEY_PREFIX}{event_id}"
+
+
+def idempotency_key(value: str) -> tuple[str, str | None]:
+    """Check a client's `idempotency-key`: (the key, None) for a key of the client's own, ("", event
+    id) for a key the server issued (`event_key`). Shared by IngestEvent and PushContext."""
+    if len(value) > MAX_IDEMPOTENCY_KEY:
+        raise InvalidArgument(IDEMPOTENCY_HEADER, f"is longer than {MAX_IDEMPOTENCY_KEY} characters")
+    if not value.startswith(SERVER_KEY_PREFIX):
+        return value, None
+    event_id = value[len(SERVER_KEY_PREFIX):]
+    try:
+        canonical = str(uuid.UUID(event_id)) == event_id
+    except ValueError:
+        canonical = False
+    if not canonical:
+        raise InvalidArgument(IDEMPOTENCY_HEADER, f"keys starting with {SERVER_KEY_PREFIX!r} are the server's: "
+                              f"send one only as an UNAVAILABLE answer gave it ({SERVER_KEY_PREFIX}<event id>)")
+    return "", event_id
+
+
+def key_reused(key: str, first_event_id: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"idempotency-key {key!r} was used by event {first_event_id} with other content: a key names "
+        "one request; send this one with a new key", reason="IDEMPOTENCY_KEY_REUSED",
+        metadata={"field": IDEMPOTENCY_HEADER, "idempotency_key": key, "event_id": first_event_id})
+
+
 async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -> Ingested:
     validation.session_id(command.session_id)
     validation.one_of(command.event_type, EVENT_TYPES, "event_type")
     validation.content(command.content, deps.settings.max_content_bytes)
     metadata = validation.metadata(command.metadata)
-    if len(command.idempotency_key) > MAX_IDEMPOTENCY_KEY:
-        raise InvalidArgument("idempotency-key", f"is longer than {MAX_IDEMPOTENCY_KEY} characters")
+    client_key, retried_id = idempotency_key(command.idempotency_key)
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
+    text = command.content.decode("utf-8", errors="replace")
+    fields = dict(session_id=command.session_id, event_type=command.event_type,
+                  content_b64=base64.b64encode(command.content).decode(), metadata=metadata,
+                  content_sha256=sha256_hex(command.content), token_count=count_tokens(text),
+                  idempotency_key=client_key)
+    event = Event(type=EVENT_INGESTED, scope=principal.scope, actor=principal.subject,
+                  aggregate=session_aggregate(org, command.session_id), payload=fields,
+                  **({"event_id": retried_id} if retried_id else {}))
 
     if command.idempotency_key:  # a retry: answer with the first result, if it has landed
         await deps.freshness.wait(session_key)
-        if (first := await _first_with_key(deps, org, command)) is not None:
-            return _result(first)
+        if (first := await _first(deps, org, command, event)) is not None:
+            return first
     await deps.owners.require_writable(principal.scope, command.session_id)
 
-    text = command.content.decode("utf-8", errors="replace")
-    event = Event(
-        type=EVENT_INGESTED, scope=principal.scope, actor=principal.subject,
-        aggregate=session_aggregate(org, command.session_id),
-        payload={
-            "session_id": command.session_id,
-            "event_type": command.event_type,
-            "content_b64": base64.b64encode(command.content).decode(),
-            "metadata": metadata,
-            "content_sha256": sha256_hex(command.content),
-            "token_count": count_tokens(text),
-            "idempotency_key": command.idempotency_key,
-        },
-    )
-    outcome = await deps.append(event, session_key)
+    outcome = await deps.append(event, session_key, idempotency_key=command.idempotency_key
+                                or event_key(event.event_id))
     if outcome == OUT_OF_SCOPE:  # another scope created the session first
         raise session_claimed_elsewhere(command.session_id)
-    if outcome != APPLIED:  # a concurrent retry won the key, or the outcome must be read back
-        if command.idempotency_key and (first := await _first_with_key(deps, org, command)) is not None:
-            return _result(first)
-        async with org_transaction(deps.pool, org, readonly=True) as conn:
-            if await queries.event_by_id(conn, org, event.event_id) is None:
-                raise session_claimed_elsewhere(command.session_id)
-    return Ingested(event.event_id, event.payload["content_sha256"], event.payload["token_count"])
+    if outcome != APPLIED or retried_id:
+        # A concurrent call won the key or the id (IDEMPOTENCY_KEY_TAKEN, DUPLICATE; an APPLIED
+        # heard for a retried id may be the first record's), or the outcome must be read back.
+        if (first := await _first(deps, org, command, event)) is not None:
+            return first
+        if retried_id:  # archived, but not in this org: the id is another's
+            raise key_reused(command.idempotency_key, retried_id)
+        raise session_claimed_elsewhere(command.session_id)  # archived, not applied: OUT_OF_SCOPE
+    return Ingested(event.event_id, fields["content_sha256"], fields["token_count"])
 
 
-async def _first_with_key(deps: Deps, org: str, command: IngestEvent):
+async def _first(deps: Deps, org: str, command: IngestEvent, event: Event) -> Ingested | None:
+    """The answer of the request that first used this call's key, if it has landed; refused if
+    that request was another one."""
+    p = event.payload
     async with org_transaction(deps.pool, org, readonly=True) as conn:
-        return await queries.event_by_idempotency_key(conn, org, command.idempotency_key, command.session_id)
-
-
-def _result(row) -> Ingested:
-    return Ingested(str(row["event_id"]), row["content_sha256"], row["token_count"])
+        if p["idempotency_key"]:
+            row = await queries.event_by_idempotency_key(conn, org, p["idempotency_key"], command.session_id)
+            if row is None:
+                return None
+            if (row.event_type, row.content_sha256, row.metadata) != \
+                    (p["event_type"], p["content_sha256"], p["metadata"]):
+                raise key_reused(command.idempotency_key, row.event_id)
+            return Ingested(row.event_id, row.content_sha256, row.token_count)
+        archived = await queries.archived_event(conn, org, event.event_id)  # a server key: the event id
+        if archived is None:
+            return None
+        if (archived.type, archived.aggregate, archived.content_hash) != \
+                (event.type, event.aggregate, event.content_hash):
+            raise key_reused(command.idempotency_key, archived.event_id)
+        if (row := await queries.event_by_id(conn, org, event.event_id)) is None:
+            raise session_claimed_elsewhere(command.session_id)  # archived, not applied: OUT_OF_SCOPE
+        return Ingested(row.event_id, row.content_sha256, row.token_count)
