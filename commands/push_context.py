@@ -1,22 +1,33 @@
-"""PushContext: a new version of an agent's memory in a session."""
+"""PushContext: a new version of an agent's memory in a session.
+
+Idempotency (docs/architecture.md, "Retries and idempotency"): the `idempotency-key` header names
+the event id. A key the server issued (ingest_event.event_key) is that id; a key of the caller's
+own is mapped to one, per org and session (`pushed_event_id`). A retry appends the same event id
+again, and the archive keeps one event per id: it returns the first version if that was applied
+(refused with IDEMPOTENCY_KEY_REUSED if that was another request), and writes it once otherwise.
+"""
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import uuid
 from dataclasses import dataclass
 
 from context_engine.auth import Principal
 from context_engine import validation
 from context_engine.commands.deps import Deps
+from context_engine.commands.ingest_event import event_key, idempotency_key, key_reused
 from context_engine.commands.session_access import session_claimed_elsewhere
 from context_engine.events import MEMORY_PUSHED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
-from context_engine.projections.session_projector import OUT_OF_SCOPE
+from context_engine.projections.session_projector import APPLIED, OUT_OF_SCOPE
 
 MEMORY_TYPES = ("episodic", "semantic", "working")
+# The event ids of pushes with a caller's key: uuid5 in this namespace of "<org>/<session>/<key>".
+PUSH_KEY_NAMESPACE = uuid.UUID("3f4c1a52-8d0e-4b7a-9c61-2e5d7f0b9a13")
 
 
 @dataclass(frozen=True)
@@ -25,6 +36,7 @@ class PushContext:
     memory_type: str
     content: bytes
     metadata: dict[str, str]
+    idempotency_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -33,15 +45,20 @@ class Pushed:
     created_at: dt.datetime
 
 
+def pushed_event_id(org_id: str, session_id: str, key: str) -> str:
+    return str(uuid.uuid5(PUSH_KEY_NAMESPACE, f"{org_id}/{session_id}/{key}"))
+
+
 async def push_context(deps: Deps, principal: Principal, command: PushContext) -> Pushed:
     validation.session_id(command.session_id)
     validation.one_of(command.memory_type, MEMORY_TYPES, "memory_type")
     validation.content(command.content, deps.settings.max_content_bytes)
     metadata = validation.metadata(command.metadata)
+    client_key, retried_id = idempotency_key(command.idempotency_key)
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
-
-    await deps.owners.require_writable(principal.scope, command.session_id)
+    if client_key:
+        retried_id = pushed_event_id(org, command.session_id, client_key)
 
     event = Event(
         type=MEMORY_PUSHED, scope=principal.scope, actor=principal.subject,
@@ -54,12 +71,37 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
             "metadata": metadata,
             "content_sha256": sha256_hex(command.content),
         },
+        **({"event_id": retried_id} if retried_id else {}),
     )
-    outcome = await deps.append(event, session_key)
+    if retried_id:  # a retry, or a first call with a key: answer with the first result, if it has landed
+        await deps.freshness.wait(session_key)
+        if (first := await _first(deps, org, command, event)) is not None:
+            return first
+    await deps.owners.require_writable(principal.scope, command.session_id)
+
+    outcome = await deps.append(event, session_key,
+                                idempotency_key=command.idempotency_key or event_key(event.event_id))
     if outcome == OUT_OF_SCOPE:
         raise session_claimed_elsewhere(command.session_id)
-    if outcome is None:  # the outcome was not announced: read it back
-        async with org_transaction(deps.pool, org, readonly=True) as conn:
-            if await queries.memory_by_event_id(conn, org, event.event_id) is None:
-                raise session_claimed_elsewhere(command.session_id)
+    if outcome != APPLIED or retried_id:  # DUPLICATE, or heard the first record's APPLIED, or read back
+        if (first := await _first(deps, org, command, event)) is not None:
+            return first
+        if retried_id:  # archived, but not in this org: the id is another's
+            raise key_reused(command.idempotency_key, retried_id)
+        raise session_claimed_elsewhere(command.session_id)
     return Pushed(event.payload["content_sha256"], event.occurred)
+
+
+async def _first(deps: Deps, org: str, command: PushContext, event: Event) -> Pushed | None:
+    """The version the first push with this event id wrote, if it has landed; refused if that
+    was another request (other content, memory_type, metadata, agent or session)."""
+    async with org_transaction(deps.pool, org, readonly=True) as conn:
+        archived = await queries.archived_event(conn, org, event.event_id)
+        if archived is None:
+            return None
+        if (archived.type, archived.aggregate, archived.content_hash) != \
+                (event.type, event.aggregate, event.content_hash):
+            raise key_reused(command.idempotency_key, archived.event_id)
+        if (row := await queries.memory_by_event_id(conn, org, event.event_id)) is None:
+            raise session_claimed_elsewhere(command.session_id)  # archived, not applied: OUT_OF_SCOPE
+        return Pushed(row.content_sha256, row.created_at)

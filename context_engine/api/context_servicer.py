@@ -73,7 +73,7 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
     async def PushContext(self, request: pb.PushContextRequest, context) -> pb.PushContextResponse:
         result = await push_context(self.deps, current_principal(), PushContext(
             session_id=request.session_id, memory_type=request.memory_type, content=request.content,
-            metadata=dict(request.metadata)))
+            metadata=dict(request.metadata), idempotency_key=metadata_value(context, IDEMPOTENCY_HEADER) or ""))
         return pb.PushContextResponse(version_hash=result.version_hash, created_at=timestamp(result.created_at))
 
     async def PullContext(self, request: pb.PullContextRequest, context) -> pb.PullContextResponse:
