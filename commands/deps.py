@@ -13,13 +13,9 @@ from context_engine.errors import DomainError, InvalidArgument, Unavailable
 from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, SESSION_ROLLED_BACK, SNAPSHOT_CREATED, Event
 from context_engine.inference.embedder import Embedder
 from context_engine.inference.query_vectors import QueryVectors
+from context_engine.projections.session_projector import REJECTED
 from context_engine.streams.freshness import SessionFreshness
 from context_engine.streams.log import ArchiveWatch, EventLog, RetryAdvice
-
-try:
-    from context_engine.projections.session_projector import REJECTED
-except ImportError:  # a projector that sets nothing aside never reports it
-    REJECTED = "REJECTED"
 
 
 class EventRejected(InvalidArgument):

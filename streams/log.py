@@ -187,8 +187,8 @@ class ArchiveWatch:
                 with contextlib.suppress(asyncio.TimeoutError):
                     return await asyncio.wait_for(asyncio.shield(future), min(self._poll, remaining))
                 # A notification can be missed (the listening connection dropped): ask directly.
-                if await self._archived(event_id, org_id):
-                    return None
+                if (found := await self._archived(event_id, org_id)) is not None:
+                    return found or None
         finally:
             self._waiters.pop(event_id, None)
 
@@ -199,10 +199,15 @@ class ArchiveWatch:
     def forget(self, event_id: str) -> None:
         self._waiters.pop(event_id, None)
 
-    async def _archived(self, event_id: str, org_id: str) -> bool:
+    async def _archived(self, event_id: str, org_id: str) -> str | None:
+        """Whether the projector has decided: '' when the event is archived (the caller reads its
+        outcome back), 'REJECTED' (its outcome) when it was set aside instead, None when neither yet."""
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
-            return await conn.fetchval("SELECT true FROM event_archive WHERE event_id = $1", event_id) or False
+            return await conn.fetchval(
+                "SELECT CASE WHEN EXISTS (SELECT FROM event_archive WHERE event_id = $1) THEN '' "
+                "WHEN EXISTS (SELECT FROM rejected_events WHERE event_id = $1) THEN 'REJECTED' END",
+                event_id)
 
 
 # The guard's probe: how long one answer may take, and how long the broker may stay silent before

@@ -27,6 +27,7 @@ from context_engine.commands.deps import EventRejected
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.projections import session_projector
 from context_engine.scope import Scope
+from context_engine.streams.log import ArchiveWatch
 from tests.fixtures.engine import unique
 
 pytestmark = pytest.mark.integration
@@ -238,7 +239,7 @@ async def test_a_server_key_retry_with_other_content_is_refused(engine):
     assert await counts(engine, org) == before == (1, 1, 0)
 
 
-@pytest.mark.parametrize("key", ["ce-event:mine", "ce-event:", f"ce-event:{str(uuid.uuid4()).upper()}",
+@pytest.mark.parametrize("key", ["ce-event:mine", "ce-event:", "ce-event:0B5E7C9A-3D2F-4E61-8A7B-9C0D1E2F3A4B",
                                  "x" * 129])
 async def test_keys_in_the_servers_namespace_are_refused_naming_the_header(engine, key):
     org = unique("org")
@@ -330,15 +331,33 @@ async def test_rollback_not_durable_yet_says_what_a_retry_does(engine):
 # -- an event the projector sets aside ----------------------------------------------------------
 
 
-@pytest.mark.skipif(not hasattr(session_projector, "REJECTED"), reason="the projector sets nothing aside yet")
-async def test_an_event_the_projector_sets_aside_is_a_definite_answer(engine):
-    """Built past the handlers' validation (content_b64 that is not base64), as only a bug could."""
-    org = unique("org")
-    event = Event(EVENT_INGESTED, Scope(org), session_aggregate(org, "s1"), "test", {
+def malformed_ingest(org: str) -> Event:
+    """Past the handlers' validation (content_b64 that is not base64), as only a bug could build it."""
+    return Event(EVENT_INGESTED, Scope(org), session_aggregate(org, "s1"), "test", {
         "session_id": "s1", "event_type": "message", "content_b64": "not base64!", "metadata": {},
         "content_sha256": hashlib.sha256(b"").hexdigest(), "token_count": 0, "idempotency_key": ""})
+
+
+async def test_an_event_the_projector_sets_aside_is_a_definite_answer(engine):
+    org = unique("org")
+    event = malformed_ingest(org)
     with pytest.raises(EventRejected) as err:
         await engine.deps.append(event, f"{org}/s1")
     assert err.value.reason == "EVENT_REJECTED"
     assert err.value.message == f"the event could not be applied: it was set aside (event {event.event_id})"
+    assert err.value.metadata["event_id"] == event.event_id
     assert await counts(engine, org) == (0, 0, 0)
+
+
+async def test_the_watch_learns_the_outcome_without_a_notification(engine):
+    """A watch that never listens (as after a missed notification) asks the database: archived,
+    or set aside."""
+    org = unique("org")
+    deaf = ArchiveWatch(engine.settings.database_url, engine.deps.pool, poll_interval=0.01)
+    rejected, fine = malformed_ingest(org), Event(EVENT_INGESTED, Scope(org), session_aggregate(org, "s1"), "test", {
+        "session_id": "s1", "event_type": "message", "content_b64": "b2s=", "metadata": {},
+        "content_sha256": hashlib.sha256(b"ok").hexdigest(), "token_count": 1, "idempotency_key": ""})
+    for event, outcome in ((rejected, session_projector.REJECTED), (fine, None)):
+        position = await engine.deps.log.append(event)
+        assert await deaf.wait(event.event_id, org, position, timeout=SETTLE_S) == outcome
+    assert await applied_events(engine, org) == [fine.event_id]
