@@ -212,7 +212,8 @@ async def event_by_idempotency_key(conn: asyncpg.Connection, org_id: str, key: s
                                    session_id: str | None = None) -> SessionEvent | None:
     """The event that won an idempotency key (rolled back or not). Keys are unique per session
     (see session_projector); pass the request's session_id. Without it, the earliest event of
-    the org with that key, whichever session it is in."""
+    the org with that key, whichever session it is in. Only clients' keys are stored: a key the
+    server issued (`ce-event:<event id>`, commands/ingest_event.py) names the event id instead."""
     if not key:
         return None
     r = await conn.fetchrow(
