@@ -69,8 +69,9 @@ class Settings(BaseSettings):
     # Restore the broker from the PostgreSQL archive when it holds less (memory-only brokers).
     restore_log_from_archive: bool = True
 
-    # Limits.
-    max_content_bytes: int = 1024 * 1024
+    # Limits. Every content up to this many bytes is accepted end to end; the log's record limits
+    # follow from it (streams/log.py), within the 16 MiB its topics are created to take.
+    max_content_bytes: int = Field(default=1024 * 1024, ge=1, le=8 * 1024 * 1024)
 
     # JWT verification. HS256 uses a key file generated under `home` on first `up`;
     # RS256 / EdDSA verify with a configured public key (PEM).

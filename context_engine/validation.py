@@ -148,11 +148,19 @@ def content(value: bytes, limit: int, field: str = "content") -> bytes:
 
 
 def metadata(value: Mapping[str, str], field: str = "metadata") -> dict[str, str]:
+    """At most 64 entries; a key is a name (1-128 characters, none refused); a value at most 4,096
+    characters of anything but NUL, which PostgreSQL's text and JSON cannot hold (content, which
+    is bytes, may hold NUL)."""
     if len(value) > MAX_METADATA_ENTRIES:
         raise InvalidArgument(field, f"has {len(value)} entries; at most {MAX_METADATA_ENTRIES}")
     for key, item in value.items():
         if not key or len(key) > MAX_METADATA_KEY:
             raise InvalidArgument(field, f"keys must be 1-{MAX_METADATA_KEY} characters")
+        if (bad := refused_character(key)) is not None:
+            raise InvalidArgument(field, f"has a key holding {bad}: control, format and line or paragraph "
+                                         "separator characters are not allowed in keys")
         if len(item) > MAX_METADATA_VALUE:
             raise InvalidArgument(f"{field}[{key}]", f"is longer than {MAX_METADATA_VALUE} characters")
+        if "\x00" in item:
+            raise InvalidArgument(f"{field}[{key}]", "holds U+0000 (NUL), which a metadata value may not")
     return dict(value)

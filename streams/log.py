@@ -22,8 +22,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from context_engine.errors import Unavailable
+from context_engine.errors import InvalidArgument, Unavailable
 from context_engine.events import Event
+from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
 from context_engine.streams.topics import LogTopics
 
 log = structlog.get_logger("context_engine.log")
@@ -36,6 +37,23 @@ class LogPosition:
     topic: str
     partition: int
     offset: int
+
+
+# What one event on the log may take, so that every content up to MAX_CONTENT_BYTES is accepted end
+# to end: the content travels base64-encoded (4 bytes per 3), its metadata as JSON text (at most
+# 6 bytes per character, a control escaped as \u00XX), and the envelope (ids, scope, hashes,
+# type, times) takes a few hundred bytes; the rest is headroom.
+ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
+METADATA_CHARS = MAX_METADATA_ENTRIES * (MAX_METADATA_KEY + MAX_METADATA_VALUE)
+
+
+def record_bytes_limit(max_content_bytes: int) -> int:
+    return 4 * -(-max_content_bytes // 3) + 6 * METADATA_CHARS + ENVELOPE_ALLOWANCE_BYTES
+
+
+def producer_request_bytes(max_record_bytes: int) -> int:
+    """The producer's max_request_size: one such record and its batch framing."""
+    return max_record_bytes + 16 * 1024
 
 
 # NOTIFY payloads are limited to 8,000 bytes: at most this many "event_id:OUTCOME" per notification.
@@ -63,8 +81,10 @@ class EventLog:
     (measured: a segfault while serialising the ProduceResponse)."""
 
     def __init__(self, bootstrap: str, topics: LogTopics, recover, *, hold_timeout: float = 5.0,
-                 watch_interval: float = 0.05) -> None:
+                 watch_interval: float = 0.05, max_record_bytes: int = record_bytes_limit(1024 * 1024)) -> None:
         self.topics = topics
+        self.max_record_bytes = max_record_bytes
+        self._max_request_bytes = producer_request_bytes(max_record_bytes)
         self._bootstrap = bootstrap
         self._hold_timeout = hold_timeout
         self._producer: AIOKafkaProducer | None = None
@@ -85,7 +105,7 @@ class EventLog:
         # guard (polling every 50 ms) has noticed the broker is gone and dropped this producer.
         producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks="all", linger_ms=1,
                                     enable_idempotence=False, request_timeout_ms=5_000,
-                                    retry_backoff_ms=1_000)
+                                    retry_backoff_ms=1_000, max_request_size=self._max_request_bytes)
         await producer.start()
         self._producer = producer
 
@@ -103,7 +123,11 @@ class EventLog:
         producer._closed = True  # it is: sender cancelled, connections closed (no ResourceWarning at exit)
 
     async def append(self, event: Event) -> LogPosition:
-        return await self._send(self.topics.events, event.to_bytes(), event.aggregate.encode())
+        raw = event.to_bytes()
+        if len(raw) > self.max_record_bytes:  # the handlers' limits keep every event below this
+            raise InvalidArgument("request", f"encodes to a {len(raw)}-byte event; the log takes at most "
+                                  f"{self.max_record_bytes}", reason="EVENT_TOO_LARGE")
+        return await self._send(self.topics.events, raw, event.aggregate.encode())
 
     async def publish(self, topic: str, key: str, value: bytes) -> LogPosition:
         return await self._send(topic, value, key.encode())

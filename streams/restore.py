@@ -21,6 +21,9 @@ import asyncpg
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from context_engine.streams.log import producer_request_bytes
+from context_engine.streams.topics import TOPIC_MAX_MESSAGE_BYTES
+
 log = structlog.get_logger("context_engine.restore")
 
 RESTORE_LOCK = 0x636F6E74  # pg advisory lock: one restorer at a time across API replicas
@@ -72,7 +75,8 @@ async def restore_if_behind(bootstrap: str, topic: str, admin_pool: asyncpg.Pool
                 behind = [p for p, n in sorted(archived.items()) if marks[p] < n]
                 if behind:
                     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
-                                                enable_idempotence=False, linger_ms=5)
+                                                enable_idempotence=False, linger_ms=5,
+                                                max_request_size=producer_request_bytes(TOPIC_MAX_MESSAGE_BYTES))
                     await producer.start()
                     try:
                         for partition in behind:

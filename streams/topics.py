@@ -16,6 +16,11 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import for_code
 
 _TOPIC_ALREADY_EXISTS = 36
+# Every topic is created taking records this large (Kafka's default is 1 MB, smaller than an event
+# with a 1 MiB content once base64-encoded): the events a configured MAX_CONTENT_BYTES allows
+# (streams/log.py, record_bytes_limit) stay below it, which config.Settings checks at start.
+TOPIC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+TOPIC_DEFAULT_CONFIGS = {"max.message.bytes": str(TOPIC_MAX_MESSAGE_BYTES)}
 
 
 class TopicSetupError(RuntimeError):
@@ -44,7 +49,8 @@ async def ensure_topics(
         if missing:
             response = await admin.create_topics(
                 [NewTopic(t, partitions_by_topic[t], replication_factor,
-                          topic_configs=dict((configs or {}).get(t, {}))) for t in missing],
+                          topic_configs={**TOPIC_DEFAULT_CONFIGS, **(configs or {}).get(t, {})})
+                 for t in missing],
                 timeout_ms=int(timeout * 1000))
             # aiokafka returns per-topic errors instead of raising them.
             for err in response.to_object()["topic_errors"]:

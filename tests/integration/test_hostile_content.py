@@ -1,0 +1,150 @@
+"""Hostile input on the write path, through gRPC, the real broker, worker and PostgreSQL: every
+content up to MAX_CONTENT_BYTES is accepted end to end whatever its bytes, one byte more is
+refused before anything is written, and a record nobody can apply takes no other tenant's event
+with it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import grpc
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+from upsquad.context.v1 import context_pb2 as pb
+
+from context_engine.events import EVENT_INGESTED, Event, session_aggregate
+from context_engine.hashing import sha256_hex
+from context_engine.scope import Scope
+from context_engine.streams.topics import LogTopics
+from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
+from tests.fixtures.engine import unique
+from tests.integration.test_session_write_path import archived_count, expect_error
+
+pytestmark = pytest.mark.integration
+
+
+def contents_at(limit: int) -> dict[str, bytes]:
+    """Contents of exactly `limit` bytes. The text ones repeat one pattern, so that their many
+    chunks share a few content hashes and the suite embeds them once (the splitting of every kind
+    of text is unit-tested in tests/unit/test_chunking.py)."""
+    return {
+        "no spaces": b"x" * limit,
+        "NUL bytes": (b"abc\x00def " * (limit // 8 + 1))[:limit],
+        "binary": bytes(range(256)) * (limit // 256) + bytes(limit % 256),
+        "multi-byte": ("€" * (limit // 3)).encode() + b"." * (limit % 3),
+    }
+
+
+async def stored(engine, org: str, session_id: str) -> list[tuple[int, str]]:
+    conn = await asyncpg.connect(engine.settings.database_url)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
+            rows = await conn.fetch("SELECT length(content) AS n, encode(sha256(content), 'hex') AS h "
+                                    "FROM session_events WHERE org_id = $1 AND session_id = $2 ORDER BY seq",
+                                    org, session_id)
+            return [(r["n"], r["h"]) for r in rows]
+    finally:
+        await conn.close()
+
+
+async def test_every_content_up_to_the_limit_is_accepted_and_one_byte_more_is_refused(engine):
+    limit = engine.settings.max_content_bytes
+    org = unique("big")
+    caller = engine.caller(org, clearance=1)
+    contents = contents_at(limit)
+    for kind, content in contents.items():
+        reply = await caller("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message",
+                                                                  content=content))
+        assert reply.version_hash == sha256_hex(content), kind
+    push = await caller("PushContext", pb.PushContextRequest(session_id="s", memory_type="episodic",
+                                                             content=contents["binary"]))
+    assert push.version_hash == sha256_hex(contents["binary"])
+    assert await stored(engine, org, "s") == [(limit, sha256_hex(c)) for c in contents.values()]
+
+    before = await archived_count(engine, org)
+    for method, request in (
+            ("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message", content=b"y" * (limit + 1))),
+            ("PushContext", pb.PushContextRequest(session_id="s", memory_type="episodic", content=b"y" * (limit + 1)))):
+        await expect_error(grpc.StatusCode.INVALID_ARGUMENT, caller(method, request), field="content",
+                           reason="CONTENT_TOO_LARGE")
+    assert await archived_count(engine, org) == before
+
+
+async def test_the_largest_content_with_the_largest_metadata_fits_the_log(engine):
+    """Controls in metadata values are escaped (6 bytes each) in the event's JSON: the worst case
+    the limits allow is what the producer and the topics must take."""
+    org = unique("widest")
+    caller = engine.caller(org, clearance=1)
+    metadata = {f"{i:03d}".ljust(MAX_METADATA_KEY, "k"): "\x01" * MAX_METADATA_VALUE
+                for i in range(MAX_METADATA_ENTRIES)}
+    content = bytes(range(256)) * (engine.settings.max_content_bytes // 256)
+    reply = await caller("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="tool_output",
+                                                              content=content, metadata=metadata))
+    assert reply.version_hash == sha256_hex(content)
+    assert await stored(engine, org, "s") == [(len(content), sha256_hex(content))]
+
+
+@pytest.mark.parametrize("metadata, field", [
+    ({"note": "a\x00b"}, "metadata[note]"),
+    ({"k\x00ey": "value"}, "metadata"),
+    ({"line\u2028break": "value"}, "metadata"),
+    ({"tab\tkey": "value"}, "metadata"),
+])
+async def test_metadata_postgresql_cannot_hold_is_refused_before_the_append(engine, metadata, field):
+    org = unique("meta")
+    caller = engine.caller(org, clearance=1)
+    for method, request in (
+            ("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message", content=b"x", metadata=metadata)),
+            ("PushContext", pb.PushContextRequest(session_id="s", memory_type="semantic", content=b"x", metadata=metadata))):
+        err = await expect_error(grpc.StatusCode.INVALID_ARGUMENT, caller(method, request), field=field)
+        assert "\x00" not in err.details()
+    assert await archived_count(engine, org) == 0
+
+
+async def test_a_record_nobody_can_apply_takes_no_other_tenants_event_with_it(engine):
+    """Records appended straight to the events topic by any broker client, among a victim org's
+    writes: each is set aside, and every victim write is acknowledged and projected."""
+    victim, attacker = unique("victim"), unique("attacker")
+    caller = engine.caller(victim, clearance=1)
+    topic = LogTopics.from_settings(engine.settings).events
+    forged = Event(EVENT_INGESTED, Scope(attacker), session_aggregate(attacker, "s"), "intruder",
+                   {"session_id": "s", "event_type": "message", "content_b64": "", "metadata": {"k": "\x00"},
+                    "content_sha256": sha256_hex(b""), "token_count": 0, "idempotency_key": ""})
+    poison = [b"not an event", b"\xff\xfe" * 100, orjson.dumps({"type": EVENT_INGESTED}), forged.to_bytes()]
+    producer = AIOKafkaProducer(bootstrap_servers=engine.settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        async def victim_writes(n: int) -> list[str]:
+            return [(await caller("IngestEvent", pb.IngestEventRequest(
+                session_id=f"v{i % 4}", event_type="message", content=f"victim turn {i}".encode()))).version_hash
+                for i in range(n)]
+
+        async def attack() -> None:
+            for round_ in range(5):
+                for p in range(LogTopics.from_settings(engine.settings).partitions[topic]):
+                    for raw in poison:
+                        await producer.send(topic, raw, partition=p)
+                await asyncio.sleep(0)
+            await producer.flush()
+
+        acknowledged, _ = await asyncio.gather(victim_writes(40), attack())
+    finally:
+        await producer.stop()
+    assert len(acknowledged) == 40
+    conn = await asyncpg.connect(engine.settings.database_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM session_events WHERE org_id = $1", victim) == 40
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:  # the last poison records may still be on their way through the projector
+            rejected = {bytes(r["raw"]) for r in await conn.fetch(
+                "SELECT raw FROM rejected_events WHERE raw = ANY($1::bytea[])", poison)}
+            if rejected == set(poison) or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert await conn.fetchval("SELECT count(*) FROM event_archive WHERE org_id = $1", attacker) == 0
+    finally:
+        await conn.close()
+    assert rejected == set(poison)
