@@ -112,7 +112,8 @@ def unavailable_cause(exc: BaseException) -> Unavailable | None:
 
     Recognised: asyncpg errors whose SQLSTATE is above (AdminShutdownError, CannotConnectNowError,
     ConnectionDoesNotExistError, TooManyConnectionsError, every PostgresConnectionError, ...);
-    asyncpg InterfaceErrors about a closed connection or pool; OSError (ConnectionRefusedError,
+    asyncpg InterfaceErrors about a closed connection or pool; asyncpg's InternalClientError (a
+    connection's protocol state broken, seen when its backend is terminated); OSError (ConnectionRefusedError,
     ConnectionResetError, ...) and TimeoutError (a connect or pool-acquire timeout) raised inside
     asyncpg; aiokafka's connection errors and the ones it marks retriable. The message names the
     dependency only, never the driver's text (it can carry hosts and statements)."""
@@ -142,6 +143,11 @@ def _infrastructure_reason(exc: BaseException) -> str | None:
         if isinstance(exc, asyncpg_exceptions.InterfaceError):
             text = str(exc)
             return DATABASE_UNAVAILABLE if any(m in text for m in _CLOSED_MARKERS) else None
+        if isinstance(exc, asyncpg_exceptions.InternalClientError):
+            # The protocol's state broken under it: what a pooled connection whose backend was
+            # terminated between two queries raises ("cannot switch to state 15; another
+            # operation (2) is in progress") before asyncpg notices the socket is gone.
+            return DATABASE_UNAVAILABLE
         if isinstance(exc, (OSError, TimeoutError)) and _raised_inside(exc, "asyncpg"):
             return DATABASE_UNAVAILABLE
     kafka_errors = sys.modules.get("aiokafka.errors")

@@ -42,6 +42,7 @@ def reason_of(exc: BaseException) -> str | None:
     (pg.PostgresConnectionError("connection exception"), DB),
     (pg.InterfaceError("cannot perform operation: connection is closed"), DB),
     (pg.InterfaceError("pool is closing"), DB),
+    (pg.InternalClientError("cannot switch to state 15; another operation (2) is in progress"), DB),
     (kafka_errors.KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 9092)]"), BROKER),
     (kafka_errors.NodeNotReadyError("node not ready"), BROKER),
     (kafka_errors.RequestTimedOutError(), BROKER),
