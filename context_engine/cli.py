@@ -210,16 +210,19 @@ def replay(
 
 @app.command()
 def verify(source_name: SourceOption = None, data_dir: DataDir = None) -> None:
-    """Recompute every version hash from the log and report each difference from the read models."""
-    from context_engine.streams.replay import verify as run_verify
+    """Recompute every version hash from the log and report each difference from the read models,
+    and every event that is on the log and not in the archive (nor set aside), or the other way."""
+    from context_engine.streams.replay import read_log, verify as run_verify
+    from context_engine.streams.topics import LogTopics
 
     settings = _stack_settings(data_dir)
+    topic = LogTopics.from_settings(settings).events
 
     async def go():
         bar, set_total = _progress("verify")
         with bar:
             return await run_verify(_records(settings, source_name, set_total), settings.database_url,
-                                    progress=bar.update)
+                                    log=(read_log(settings.kafka_bootstrap, topic), topic), progress=bar.update)
 
     report, differences = asyncio.run(go())
     for difference in differences:

@@ -23,6 +23,7 @@ Two readings of the log:
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -30,7 +31,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from context_engine.hashing import sha256_hex
 
 from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import migrate
@@ -247,10 +251,60 @@ async def compare(live_url: str, rebuilt_url: str) -> list[Difference]:
 
 
 async def verify(records: AsyncIterator[list[LogRecord]], admin_url: str, *,
+                 log: tuple[AsyncIterator[list[LogRecord]], str] | None = None,
                  progress: Callable[[int], None] | None = None) -> tuple[ReplayReport, list[Difference]]:
+    """Rebuild from `records` into a scratch database and compare its read models with the live
+    ones; with `log` (the broker's records of a topic, and that topic), also compare the log with
+    the archive and the set-aside records, so that an event the read models never received is
+    named too."""
+    differences = await compare_log(*log, admin_url) if log is not None else []
     scratch = await create_database(admin_url, "context_engine_verify")
     try:
         report = await replay(records, scratch, progress=progress)
-        return report, await compare(admin_url, scratch)
+        return report, differences + await compare(admin_url, scratch)
     finally:
         await drop_database(admin_url, scratch)
+
+
+# An event can be on the log and not yet projected while the stack runs: a record missing from
+# the archive is looked for again until this long after the log was read.
+IN_FLIGHT_GRACE_S = 10.0
+
+
+def _record_identity(raw: bytes) -> tuple[str | None, str]:
+    """(event id, if the record names one, lowercase; SHA-256 of the record's bytes)."""
+    try:
+        event_id = str(uuid.UUID(orjson.loads(raw)["event_id"]))
+    except Exception:  # noqa: BLE001 - anything at all may be on the topic
+        event_id = None
+    return event_id, sha256_hex(raw)
+
+
+async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url: str) -> list[Difference]:
+    """Every record of the log is archived or set aside, and every archived event is on the log."""
+    on_log: dict[str, tuple[str | None, str]] = {}  # record hash -> (event id, position)
+    async for batch in log:
+        for rec in batch:
+            event_id, digest = _record_identity(rec.raw)
+            on_log.setdefault(digest, (event_id, f"{rec.topic}[{rec.partition}]@{rec.offset}"))
+    conn = await asyncpg.connect(admin_url)
+    try:
+        deadline = time.monotonic() + IN_FLIGHT_GRACE_S
+        while True:
+            archived = {str(r["event_id"]) for r in await conn.fetch(
+                "SELECT event_id FROM event_archive WHERE topic = $1", topic)}
+            set_aside = {r["record_sha256"] for r in await conn.fetch(
+                "SELECT record_sha256 FROM rejected_events WHERE topic = $1", topic)}
+            missing = {d: v for d, v in on_log.items() if d not in set_aside and v[0] not in archived}
+            if not missing or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.25)
+    finally:
+        await conn.close()
+    logged_ids = {event_id for event_id, _ in on_log.values() if event_id}
+    differences = [Difference(event_id or f"record {digest[:16]}", f"log record {where}",
+                              "nothing (neither archived nor set aside)", "a record")
+                   for digest, (event_id, where) in sorted(missing.items(), key=lambda kv: kv[1][1])]
+    differences += [Difference(event_id, f"archive of {topic}", "an archived event", "nothing (not on the log)")
+                    for event_id in sorted(archived - logged_ids)]
+    return differences

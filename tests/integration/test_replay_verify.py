@@ -10,7 +10,10 @@ from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine import hashing
 from context_engine.events import canonical_bytes
+from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.inference.tokens import count_tokens
+from context_engine.projections.records import LogRecord
+from context_engine.scope import Scope
 from context_engine.streams.replay import compare, create_database, drop_database, read_archive, read_log, replay, verify
 from context_engine.streams.topics import LogTopics
 from tests.fixtures.engine import unique
@@ -135,3 +138,39 @@ async def test_verify_reports_nothing_then_names_a_tampered_event(engine):
     assert [d.event_id for d in differences] == [str(victim["event_id"])]
     assert "0" * 64 in str(differences[0]) and victim["version"] in str(differences[0])
     assert report.events > 0
+
+
+async def test_verify_names_an_event_on_the_log_the_read_models_never_received(engine):
+    """A record the projector set aside is accounted for, on every source; one that is on the
+    log and in neither the archive nor rejected_events is a difference, named by its event id."""
+    from aiokafka import AIOKafkaProducer
+
+    org = unique("org")
+    caller = engine.caller(org, clearance=3)
+    await caller("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message", content=b"kept"))
+    settings = engine.settings
+    topic = LogTopics.from_settings(settings).events
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"\x00 garbage on the log \xff", partition=0)
+    finally:
+        await producer.stop()
+    await settled(engine, org)
+    for source in (read_log, read_archive):
+        origin = settings.kafka_bootstrap if source is read_log else settings.database_url
+        _, differences = await verify(source(origin, topic), settings.database_url,
+                                      log=(read_log(settings.kafka_bootstrap, topic), topic))
+        assert differences == [], source.__name__
+
+    # An event on the log that never reached the archive (as when a projector dropped a batch).
+    lost = Event(EVENT_INGESTED, Scope(org), session_aggregate(org, "s"), "user", {"session_id": "s"})
+
+    async def log_with_lost_event():
+        async for batch in read_log(settings.kafka_bootstrap, topic):
+            yield batch
+        yield [LogRecord(topic, 0, 10**9, lost.to_bytes())]
+
+    _, differences = await verify(read_archive(settings.database_url, topic), settings.database_url,
+                                  log=(log_with_lost_event(), topic))
+    assert [(d.event_id, d.where) for d in differences] == [(lost.event_id, f"log record {topic}[0]@{10**9}")]
