@@ -12,6 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
+from context_engine import validation
 from context_engine.api.interceptors import current_principal, metadata_value
 from context_engine.commands.assemble_context import AssembleContext, assemble_context
 from context_engine.commands.create_snapshot import CreateSnapshot, create_snapshot
@@ -36,6 +37,11 @@ PENDING: dict[str, str] = {
     "RevokeShare": "a later issue (shares)",
     "ListShares": "a later issue (shares)",
 }
+
+
+def _idempotency_key(context) -> str:
+    """The `idempotency-key` header, checked (validation.idempotency_key), or "" without one."""
+    return validation.idempotency_key(metadata_value(context, IDEMPOTENCY_HEADER) or "", IDEMPOTENCY_HEADER)
 
 
 def timestamp(moment: dt.datetime) -> Timestamp:
@@ -66,14 +72,14 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
     async def IngestEvent(self, request: pb.IngestEventRequest, context) -> pb.IngestEventResponse:
         result = await ingest_event(self.deps, current_principal(), IngestEvent(
             session_id=request.session_id, event_type=request.event_type, content=request.content,
-            metadata=dict(request.metadata), idempotency_key=metadata_value(context, IDEMPOTENCY_HEADER) or ""))
+            metadata=dict(request.metadata), idempotency_key=_idempotency_key(context)))
         return pb.IngestEventResponse(event_id=result.event_id, version_hash=result.version_hash,
                                       token_count=result.token_count)
 
     async def PushContext(self, request: pb.PushContextRequest, context) -> pb.PushContextResponse:
         result = await push_context(self.deps, current_principal(), PushContext(
             session_id=request.session_id, memory_type=request.memory_type, content=request.content,
-            metadata=dict(request.metadata), idempotency_key=metadata_value(context, IDEMPOTENCY_HEADER) or ""))
+            metadata=dict(request.metadata), idempotency_key=_idempotency_key(context)))
         return pb.PushContextResponse(version_hash=result.version_hash, created_at=timestamp(result.created_at))
 
     async def PullContext(self, request: pb.PullContextRequest, context) -> pb.PullContextResponse:
