@@ -174,3 +174,23 @@ async def test_verify_names_an_event_on_the_log_the_read_models_never_received(e
     _, differences = await verify(read_archive(settings.database_url, topic), settings.database_url,
                                   log=(log_with_lost_event(), topic))
     assert [(d.event_id, d.where) for d in differences] == [(lost.event_id, f"log record {topic}[0]@{10**9}")]
+
+
+@pytest.mark.parametrize("source", ["log", "archive"])
+async def test_the_verify_command_reads_a_log_with_set_aside_records(engine, source):
+    from aiokafka import AIOKafkaProducer
+
+    settings = engine.settings
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(LogTopics.from_settings(settings).events, b"{not json", partition=1)
+    finally:
+        await producer.stop()
+    org = unique("org")
+    await engine.caller(org, clearance=1)("IngestEvent", pb.IngestEventRequest(
+        session_id="s", event_type="message", content=b"after the garbage"))
+    await settled(engine, org)
+    code, out = await engine.cli("verify", "--source", source)
+    assert code == 0, out
+    assert "0 difference(s)" in out and "Traceback" not in out
