@@ -23,6 +23,7 @@ from context_engine.inference.embedder import embedder_from_settings
 from context_engine.metrics import serve_metrics
 from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import APP_ROLE, app_url
+from context_engine.streams import readiness
 from context_engine.streams.freshness import SessionFreshness
 from context_engine.streams.log import ArchiveWatch, EventLog
 from context_engine.streams.restore import restore_if_behind
@@ -100,10 +101,39 @@ async def run_api(settings: Settings, process_index: int = 0) -> None:
         metrics = None
         if settings.metrics_port >= 0:  # bound before serving: a taken port fails the start, not later
             metrics = serve_metrics(settings.api_host, settings.metrics_port and settings.metrics_port + process_index)
-        await server.start()
+        follower = await start_serving(server, settings)
         log.info("serving", service=SERVICE_NAME, address=f"{settings.api_host}:{server.port}",
                  process=process_index, metrics=metrics and f"http://{settings.api_host}:{metrics}/metrics")
         signal_name = await wait_for_termination_signal()
         log.info("stopping", signal=signal_name, grace_s=settings.shutdown_grace_seconds)
+        if follower is not None:
+            follower.cancel()
         await server.stop(settings.shutdown_grace_seconds)
     log.info("stopped")
+
+
+async def start_serving(server: HostedServer, settings: Settings) -> asyncio.Task | None:
+    """Start the server. Under `up` its health follows the worker (streams/readiness.py): an
+    IngestEvent cannot be acknowledged while no worker projects, so the API says NOT_SERVING
+    then (reads still answer), SERVING again once the restarted worker has its partitions.
+    It also begins to listen only once a worker projects: with several API processes on one
+    port, one that listened before would answer a health check NOT_SERVING for up to a poll
+    after `up` said SERVING. Returns the task that follows the worker, or None when the API
+    runs on its own."""
+    if not readiness.health_follows_worker():
+        await server.start()
+        return None
+    home = settings.home_dir
+    if not readiness.is_ready(home):
+        log.info("waiting for the worker to project before listening")
+        await readiness.wait_ready(home)
+    await server.start()
+
+    async def worker_changed(now_ready: bool) -> None:
+        if now_ready:
+            log.info("the worker projects again: health SERVING")
+        else:
+            log.warning("no worker projects: health NOT_SERVING")
+        await server.set_serving(now_ready)
+
+    return asyncio.create_task(readiness.follow(home, worker_changed, ready=True), name="worker-readiness")

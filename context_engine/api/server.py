@@ -43,9 +43,14 @@ class HostedServer:
     async def start(self) -> None:
         freeze_startup_objects()
         await self.server.start()
-        await self.set_health("", True)
+        await self.set_serving(True)
+
+    async def set_serving(self, serving: bool) -> None:
+        """The process's and every hosted service's health at once (after a graceful shutdown
+        began, the servicer keeps them NOT_SERVING whatever this says)."""
+        await self.set_health("", serving)
         for service in self.services:
-            await self.set_health(service.name, True)
+            await self.set_health(service.name, serving)
 
     async def stop(self, grace: float) -> None:
         """Stop taking new calls (health flips first, so balancers drain), let calls in flight finish."""
