@@ -1,11 +1,17 @@
 """`context-engine up`: the whole stack in one process tree.
 
 Start order: PostgreSQL (embedded unless a database URL is given) and its schema migrations,
-the broker (embedded unless a bootstrap is given) and its topics, then three children — stream workers, the API and the
-ML detector — each a `context-engine` subprocess that reads the same settings from the
-environment. `up` returns when it gets SIGINT/SIGTERM or when any child dies; either way it
-stops every child (SIGTERM, then SIGKILL after a grace period), then the broker, then
-PostgreSQL. Children also get PR_SET_PDEATHSIG so they cannot outlive a killed `up`.
+the broker (embedded unless a bootstrap is given) and its topics, then the children — stream
+workers, the API (one process or --api-processes N) and the ML detector — each a `context-engine`
+subprocess that reads the same settings from the environment.
+
+A child that exits during start-up fails the start (most likely its configuration is wrong).
+Once SERVING, `up` restarts a child that exits (kill -9, a crash) with a bounded back-off
+(`Stack.supervise`); while the worker is down the API's health says NOT_SERVING
+(streams/readiness.py). `up` returns when it gets SIGINT/SIGTERM (exit 0) or when a child or the
+embedded broker dies more often than its restart budget allows (exit 1); either way it stops
+every child (SIGTERM, then SIGKILL after a grace period), then the broker, then PostgreSQL.
+Children also get PR_SET_PDEATHSIG so they cannot outlive a killed `up`.
 """
 
 from __future__ import annotations
@@ -34,6 +40,20 @@ from context_engine.streams.topics import LogTopics, ensure_topics
 DATABASE_NAME = "context_engine"
 READY_TIMEOUT_S = 60.0
 BROKER_RESTARTS_PER_MINUTE = 10
+# A child's restarts: at most this many in any minute, the n-th of them after
+# restart_delay(n) seconds (0, 1, 2, 4 then 8 s): a child that crashes at once on every start
+# stops the stack in ~15 s instead of spinning.
+CHILD_RESTARTS_PER_MINUTE = 5
+RESTART_DELAY_MAX_S = 8.0
+
+
+def restart_delay(earlier_restarts: int) -> float:
+    """Seconds to wait before restarting a child that was restarted `earlier_restarts` times in
+    the last minute: none the first time (writes wait on the worker; an API process's clients
+    wait on it when it is the only one), then doubling from 1 s up to RESTART_DELAY_MAX_S."""
+    if earlier_restarts <= 0:
+        return 0.0
+    return min(RESTART_DELAY_MAX_S, 2.0 ** (earlier_restarts - 1))
 
 
 @dataclass
@@ -42,6 +62,8 @@ class Child:
     args: list[str]
     log_path: os.PathLike
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    restarts: list[float] = field(default_factory=list)  # monotonic times of restarts in the last minute
+    restart_at: float | None = None  # when a dead child is due to start again
 
     def start(self, env: dict[str, str]) -> None:
         log = open(self.log_path, "ab")
@@ -79,6 +101,7 @@ class Stack:
         self.children: list[Child] = []
         self.stopping = threading.Event()
         self.broker_restarts: list[float] = []  # monotonic times of restarts in the last minute
+        self.env: dict[str, str] = {}
 
     def say(self, message: str) -> None:
         print(f"[up] {message}", flush=True)
@@ -123,6 +146,8 @@ class Stack:
 
         write_stack_file(self.home, database_url, bootstrap)
         readiness.clear(self.home)  # SERVING waits for this worker's word, not an earlier one's
+        env[readiness.HEALTH_FOLLOWS_WORKER_ENV] = "1"  # the API's health: NOT_SERVING while no worker projects
+        self.env = env
         apis = self.settings.api_processes
         self.children = [
             Child("worker", ["worker"], self.logs / "worker.log"),
@@ -137,12 +162,12 @@ class Stack:
 
     def wait_until_serving(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
+        # An ingest is acknowledged only once the worker has projected it: SERVING waits until
+        # the worker has joined its group (streams/readiness.py), and so does the API's health.
+        self._wait_for(lambda: readiness.is_ready(self.home), deadline, "the worker not projecting", "worker")
         for name, address in (("api", self.settings.api_address), ("detector", self.settings.detector_address)):
             self._wait_for(lambda address=address: _serving(address), deadline,
                            f"{name} not SERVING at {address}", name)
-        # Calls are answered from here on, but an ingest is acknowledged only once the worker has
-        # projected it: SERVING waits until the worker has joined its group (streams/readiness.py).
-        self._wait_for(lambda: readiness.is_ready(self.home), deadline, "the worker not projecting", "worker")
 
     def _wait_for(self, condition, deadline: float, failure: str, log_name: str) -> None:
         while not condition():
@@ -165,11 +190,44 @@ class Stack:
                 if not self._restart_broker():
                     return 1
             for child in self.children:
-                if child.exited is not None:
-                    self.say(f"{child.name} exited with {child.exited}; stopping the stack "
-                             f"(see {child.log_path})")
+                if not self.supervise(child):
                     return 1
         return 0
+
+    def supervise(self, child: Child) -> bool:
+        """Restart `child` if it has exited: at once the first time, then after restart_delay(n)
+        for the n-th restart within a minute. When it exits again after CHILD_RESTARTS_PER_MINUTE
+        restarts in the last minute the budget is exhausted: returns False, and `up` stops the
+        whole stack and exits 1 (as it did on any child's exit before restarts existed). A
+        worker's death clears its ready mark at once, so the API's health says NOT_SERVING until
+        the new worker has its partitions."""
+        now = time.monotonic()
+        if child.restart_at is None:
+            code = child.exited
+            if code is None:
+                return True
+            if child.name == "worker":
+                readiness.clear(self.home)
+            child.restarts = [t for t in child.restarts if now - t < 60]
+            if len(child.restarts) >= CHILD_RESTARTS_PER_MINUTE:
+                self.say(f"{child.name} exited with {code} after {len(child.restarts)} restarts in a minute; "
+                         f"stopping the stack (see {child.log_path})")
+                return False
+            delay = restart_delay(len(child.restarts))
+            child.restart_at = now + delay
+            self.say(f"{child.name} exited with {code}; restarting it"
+                     + (f" in {delay:.0f}s" if delay else "") + f" (see {child.log_path})")
+        if now < child.restart_at:
+            return True
+        child.restart_at = None
+        child.restarts.append(now)
+        try:
+            child.start(self.env)
+        except OSError as exc:
+            self.say(f"{child.name} could not be restarted ({exc}); stopping the stack")
+            return False
+        self.say(f"{child.name} restarted (pid {child.proc.pid})")
+        return True
 
     def _restart_broker(self) -> bool:
         """The embedded broker keeps nothing worth keeping (memory storage): when it dies, start

@@ -1,4 +1,9 @@
-"""`context-engine up` as a user runs it: start → SERVING → calls → SIGTERM → nothing left behind."""
+"""`context-engine up` as a user runs it: start → SERVING → calls → SIGTERM → nothing left behind;
+a child killed with SIGKILL is restarted and calls succeed again, until its restart budget is spent.
+
+The recovery tests print how many seconds passed between the kill and the first call that
+succeeded (`pytest -s` shows them); they assert that calls succeed again, not how soon.
+"""
 
 import asyncio
 import concurrent.futures
@@ -21,9 +26,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
+from context_engine.supervisor import CHILD_RESTARTS_PER_MINUTE
+
 pytestmark = pytest.mark.integration
 
 START_TIMEOUT_S = 90
+RECOVERY_TIMEOUT_S = 90  # a deadline for "it comes back", generous on a loaded 2-core machine
+SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 def free_port() -> int:
@@ -137,6 +146,34 @@ def health(port: int, service: str = "") -> int:
             health_pb2.HealthCheckRequest(service=service), timeout=2).status
 
 
+def health_or_none(port: int) -> int | None:
+    """The overall health, or None while nothing answers on the port."""
+    try:
+        return health(port)
+    except grpc.RpcError:
+        return None
+
+
+def wait_until(condition, what: str, up: "Up", timeout: float = RECOVERY_TIMEOUT_S):
+    """Poll `condition` until it returns something true; that value. Fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        assert up.proc.poll() is None, f"up exited while waiting for {what}:\n" + "".join(up.lines)
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} after {timeout}s:\n" + "".join(up.lines))
+
+
+def child_pid(up: "Up", *words: str) -> int:
+    """The pid of up's child whose command line holds `words` (e.g. "serve", "api")."""
+    for pid in descendants(up.proc.pid):
+        line = command_line(pid)
+        if "context_engine.cli" in line and set(words) <= set(line) and alive(pid):
+            return pid
+    raise AssertionError(f"no child {words} of up; output:\n" + "".join(up.lines))
+
+
 def reflected_services(port: int) -> set[str]:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         replies = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
@@ -175,6 +212,62 @@ def ingest_at_once(port: int, token: str, n: int) -> list[grpc.StatusCode]:
 
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         return list(pool.map(one, range(n)))
+
+
+def seconds_until_acknowledged(port: int, token: str, since: float, up: "Up") -> tuple[float, list]:
+    """Send an IngestEvent every 0.25 s, each on its own channel and thread (a write waits up to
+    the API's ack timeout for the worker to project it), until one is acknowledged. Returns the
+    seconds from `since` to that first acknowledgement, and the status codes of the writes that
+    failed before it."""
+    acknowledged: list[float] = []
+    failed: list[grpc.StatusCode] = []
+    done = threading.Event()
+
+    def one(i: int) -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                context_pb2_grpc.ContextEngineStub(channel).IngestEvent(
+                    pb.IngestEventRequest(scope=pb.ScopePath(org_id="acme"), session_id="after-a-kill",
+                                          event_type="message", content=f"write {i}".encode()),
+                    metadata=(("authorization", f"Bearer {token}"),), timeout=30)
+            except grpc.RpcError as err:
+                failed.append(err.code())
+                return
+        acknowledged.append(time.monotonic())
+        done.set()
+
+    pool = concurrent.futures.ThreadPoolExecutor(64)
+    try:
+        deadline = since + RECOVERY_TIMEOUT_S
+        i = 0
+        while not done.is_set():
+            assert time.monotonic() < deadline, f"no write acknowledged; failures {failed}:\n" + "".join(up.lines)
+            assert up.proc.poll() is None, "up exited:\n" + "".join(up.lines)
+            pool.submit(one, i)
+            i += 1
+            done.wait(0.25)
+    finally:
+        pool.shutdown(wait=True)
+    return min(acknowledged) - since, failed
+
+
+def seconds_until_answered(channel: grpc.Channel, token: str, since: float, up: "Up") -> tuple[float, list]:
+    """Call Search on `channel` every 0.05 s until one is answered OK; the seconds from `since`,
+    and the codes of the calls that failed before it."""
+    stub = context_pb2_grpc.ContextEngineStub(channel)
+    failed: list[grpc.StatusCode] = []
+
+    def answered() -> bool:
+        try:
+            stub.Search(pb.SearchRequest(scope=pb.ScopePath(org_id="acme"), query="q"),
+                        metadata=(("authorization", f"Bearer {token}"),), timeout=5)
+        except grpc.RpcError as err:
+            failed.append(err.code())
+            return False
+        return True
+
+    wait_until(answered, "Search answered", up)
+    return time.monotonic() - since, failed
 
 
 async def run_sql(url: str, sql: str):
@@ -220,6 +313,25 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         assert any('context_engine_stage_seconds_count{operation="search",stage="query_embedding"} 1.0' in t
                    for t in scraped), scraped
 
+        # kill -9 of the API process a client's channel is connected to: the channel reconnects
+        # to the other one (SO_REUSEPORT), and up starts the killed one again.
+        with grpc.insecure_channel(f"127.0.0.1:{up.api_port}") as channel:
+            before = [rpc_count(metrics_text(metrics_port + i), search_method, "OK") for i in range(2)]
+            seconds_until_answered(channel, own, time.monotonic(), up)
+            after = [rpc_count(metrics_text(metrics_port + i), search_method, "OK") for i in range(2)]
+            (index,) = [i for i in range(2) if after[i] > before[i]]  # the process that answered it
+            victim = child_pid(up, "serve", "api", "--process-index", str(index))
+            os.kill(victim, signal.SIGKILL)
+            killed = time.monotonic()
+            seconds, failed = seconds_until_answered(channel, own, killed, up)
+        print(f"\nkill -9 of the API process (1 of 2) a client's channel was on: Search answered on that "
+              f"channel after {seconds:.2f}s (failed before: {failed})")
+        wait_until(lambda: any(f"api-{index} restarted" in line for line in up.lines), f"api-{index} restarted", up)
+        assert child_pid(up, "serve", "api", "--process-index", str(index)) != victim
+        # The restarted process serves: its own /metrics answers again.
+        wait_until(lambda: _answers_metrics(metrics_port + index), f"metrics of the restarted api-{index}", up)
+        print(f"api-{index} restarted and serving its metrics {time.monotonic() - killed:.2f}s after the kill")
+
         asyncio.run(run_sql(up.database_url(), "CREATE TABLE kept_across_runs (x int)"))
         key = (home / "keys" / "jwt-hs256.key").read_text()
         tree = descendants(up.proc.pid)
@@ -231,8 +343,7 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
     assert "stopped" in output
     assert not [pid for pid in tree if alive(pid)], output
 
-    # Second run on the same directory: same key, same database; a child that dies takes the
-    # stack down and still leaves nothing behind.
+    # Second run on the same directory: same key, same database.
     up = Up(home)
     try:
         up.wait_serving()
@@ -240,12 +351,95 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         assert asyncio.run(run_sql(up.database_url(), "SELECT to_regclass('kept_across_runs')::text")) \
             == "kept_across_runs"
         tree = descendants(up.proc.pid)
-        api_pid = next(pid for pid in tree if {"serve", "api"} <= set(command_line(pid)))
-        os.kill(api_pid, signal.SIGKILL)
-        output = up.finish(timeout=30)
+    finally:
+        up.proc.send_signal(signal.SIGTERM)
+    output = up.finish()
+    assert up.proc.returncode == 0, output
+    assert not [pid for pid in tree if alive(pid)], output
+
+
+def _answers_metrics(port: int) -> bool:
+    try:
+        metrics_text(port)
+    except OSError:
+        return False
+    return True
+
+
+def test_up_restarts_killed_children_until_their_budget_is_spent(service_tmp_path):
+    home = service_tmp_path / "home"
+    up = Up(home)
+    try:
+        up.wait_serving()
+        writer = mint(home, "--org", "acme", "--clearance", "1")
+        assert ingest_at_once(up.api_port, writer, 1) == [grpc.StatusCode.OK]
+
+        # kill -9 of the worker: no write can be acknowledged, so the API's health leaves SERVING
+        # (up clears the worker's ready mark; the API follows it) until the restarted worker
+        # has its partitions; then writes are acknowledged again with no manual step.
+        worker = child_pid(up, "worker")
+        os.kill(worker, signal.SIGKILL)
+        killed = time.monotonic()
+        status = wait_until(lambda: (s := health_or_none(up.api_port)) != SERVING and (s,),
+                            "API health other than SERVING", up)[0]
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        seconds_not_serving = time.monotonic() - killed
+        seconds, failed = seconds_until_acknowledged(up.api_port, writer, killed, up)
+        print(f"\nkill -9 of the worker: API health NOT_SERVING after {seconds_not_serving:.2f}s, "
+              f"a write acknowledged again after {seconds:.2f}s (failed before: {failed})")
+        wait_until(lambda: health_or_none(up.api_port) == SERVING, "API health SERVING again", up)
+        print(f"kill -9 of the worker: API health SERVING again after {time.monotonic() - killed:.2f}s")
+        assert (home / "run" / "worker.ready").exists()
+        assert child_pid(up, "worker") != worker
+        assert any("worker exited with -9; restarting it" in line for line in up.lines)
+
+        # kill -9 of the only API process: up starts it again; a client that keeps its channel
+        # gets answers again once the new process listens (after gRPC's reconnect back-off), and
+        # so does a client that opens new ones, and writes are acknowledged again: the three
+        # measured side by side.
+        reader = mint(home, "--org", "acme", "--clearance", "1")
+        with grpc.insecure_channel(f"127.0.0.1:{up.api_port}") as channel, \
+                concurrent.futures.ThreadPoolExecutor(2) as measure:
+            seconds_until_answered(channel, reader, time.monotonic(), up)
+            api = child_pid(up, "serve", "api")
+            os.kill(api, signal.SIGKILL)
+            killed = time.monotonic()
+            on_kept_channel = measure.submit(seconds_until_answered, channel, reader, killed, up)
+            write = measure.submit(seconds_until_acknowledged, up.api_port, writer, killed, up)
+            wait_until(lambda: search(up.api_port, (("authorization", f"Bearer {reader}"),)) == grpc.StatusCode.OK,
+                       "Search answered on a new channel", up)
+            fresh = time.monotonic() - killed
+            kept, failed = on_kept_channel.result()
+            acked, _ = write.result()
+        print(f"kill -9 of the only API process: Search answered on a new channel after {fresh:.2f}s, "
+              f"on the client's kept channel after {kept:.2f}s (failed before: {set(failed)}), "
+              f"a write acknowledged after {acked:.2f}s")
+        assert child_pid(up, "serve", "api") != api
+
+        # A child that dies on every start (its port taken) is restarted with a growing delay,
+        # CHILD_RESTARTS_PER_MINUTE times; its next death stops the stack: exit 1, nothing left.
+        tree = descendants(up.proc.pid)
+        with socket.socket() as squatter:
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+            def take_the_port() -> bool:
+                detector = child_pid(up, "serve", "detector")
+                os.kill(detector, signal.SIGKILL)
+                wait_until(lambda: not alive(detector), "the detector gone", up)
+                try:  # the restarted detector binds only after its imports: it is all but never first
+                    squatter.bind(("127.0.0.1", up.detector_port))
+                except OSError:
+                    return False
+                return True
+
+            wait_until(take_the_port, "the detector's port taken", up)
+            squatter.listen()
+            output = up.finish(timeout=RECOVERY_TIMEOUT_S)
     finally:
         if up.proc.poll() is None:
             up.proc.kill()
     assert up.proc.returncode == 1, output
-    assert "api exited" in output
+    assert f"detector exited with 1 after {CHILD_RESTARTS_PER_MINUTE} restarts in a minute; stopping the stack" \
+        in output, output
+    assert output.count("detector restarted") == CHILD_RESTARTS_PER_MINUTE, output
     assert not [pid for pid in tree if alive(pid)], output
