@@ -11,7 +11,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 
-_HEX_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 GENESIS = b"context-engine/genesis/v1\x00"
 
 
@@ -20,7 +20,7 @@ def sha256_hex(data: bytes) -> str:
 
 
 def is_sha256_hex(value: str) -> bool:
-    return bool(_HEX_SHA256.match(value))
+    return isinstance(value, str) and _HEX_SHA256.fullmatch(value) is not None  # not "…\n"
 
 
 def genesis_version(session_key: str) -> str:

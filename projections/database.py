@@ -125,8 +125,10 @@ async def org_transaction(pool: asyncpg.Pool, org_id: str, *, readonly: bool = F
         except BaseException:
             # Rolled back here: the pool's release would do it too, but reports every such
             # connection to the loop's exception handler (logged as an error).
-            if not conn.is_closed() and conn.is_in_transaction():
-                with contextlib.suppress(Exception):  # e.g. a query cut off mid-flight: the release cleans up
+            # Nothing here may hide the error being raised: a connection the pool has already
+            # taken back (its backend died) raises on every call, is_closed() included.
+            with contextlib.suppress(Exception):  # e.g. a query cut off mid-flight: the release cleans up
+                if not conn.is_closed() and conn.is_in_transaction():
                     await conn.execute("ROLLBACK")
             raise
         await conn.execute("COMMIT")

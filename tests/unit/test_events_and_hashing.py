@@ -93,6 +93,7 @@ def test_no_two_leaf_lists_share_a_root_by_repeating_the_last(n):
     assert hashing.merkle_root(leaves + leaves) != hashing.merkle_root(leaves)
 
 
-@pytest.mark.parametrize("value, ok", [("a" * 64, True), ("A" * 64, False), ("a" * 63, False), ("g" * 64, False)])
+@pytest.mark.parametrize("value, ok", [("a" * 64, True), ("A" * 64, False), ("a" * 63, False), ("g" * 64, False),
+                                       ("a" * 64 + "\n", False), ("a" * 64 + "\r\n", False)])
 def test_sha256_hex_shape(value, ok):
     assert hashing.is_sha256_hex(value) is ok
