@@ -74,7 +74,17 @@ def _content_type(content: bytes, metadata: dict[str, Any]) -> str:
     return "application/json" if head in (b"{", b"[") else "text/plain"
 
 
-OFF_LOOP_BYTES = 64 * 1024
+# Contents longer than this are indexed after the projector's commit, and cut on a thread: one
+# tenant's megabyte (0.8-1 s of chunking and postings) must not hold up the acknowledgements of
+# every event batched with it or behind it.
+INLINE_INDEX_BYTES = 64 * 1024
+
+
+async def analyse(event_id: str, content: bytes, metadata: dict[str, Any]) -> list[tuple[Chunk, DocumentTerms]]:
+    """A source's chunks and their terms; a long content on a thread, off the worker's event loop."""
+    if len(content) > INLINE_INDEX_BYTES:
+        return await asyncio.to_thread(_analysed, event_id, content, _content_type(content, metadata))
+    return _analysed(event_id, content, _content_type(content, metadata))
 
 
 def _analysed(event_id: str, content: bytes, content_type: str) -> list[tuple[Chunk, DocumentTerms]]:
@@ -109,10 +119,16 @@ class BulkLoad:
 class ChunkProjection:
     """One org's chunk writes within a projector batch."""
 
-    def __init__(self, conn: asyncpg.Connection, org_id: str, *, bulk: BulkLoad | None = None) -> None:
+    def __init__(self, conn: asyncpg.Connection, org_id: str, *, bulk: BulkLoad | None = None,
+                 defer_long: bool = True) -> None:
         self.conn = conn
         self.org_id = org_id
         self.bulk = bulk
+        # Live, a content longer than INLINE_INDEX_BYTES is indexed after the batch's commit
+        # (projections/deferred_indexing.py); a bulk load indexes everything in place.
+        self.defer_long = defer_long and bulk is None
+        self.deferred: dict[str, tuple[str, str, dt.datetime]] = {}  # source -> (kind, added by, when)
+        self.requested: dict[str, list[str]] = {}  # event that asked -> the sources to index
         self.pending = _PendingChunks()
         self.added_by: dict[str, str] = {}  # chunk id -> the event that added it in this batch
         self.awaiting_vector: dict[str, str] = {}  # of those, searchable without a vector -> content hash
@@ -123,16 +139,21 @@ class ChunkProjection:
                   content: bytes, metadata: dict[str, Any], created_at: dt.datetime,
                   pii_status: str = "clear", active: bool = True, added_by: str | None = None) -> None:
         """Chunk a source's content. `added_by`: the event applying this (default: the source
-        itself; a memory's chunks are added by its memory.scrubbed event). A long content is
-        chunked and analysed on a thread: the worker's event loop keeps serving its consumers'
-        heartbeats and the other agents meanwhile (1 MiB takes 0.2-0.6 s)."""
+        itself; a memory's chunks are added by its memory.scrubbed event). A content longer than
+        INLINE_INDEX_BYTES is only asked for here (`defer_long`): it is indexed after the commit."""
+        if self.defer_long and len(content) > INLINE_INDEX_BYTES:
+            self.deferred[event_id] = (source_kind, added_by or event_id, created_at)
+            return
+        self.add_analysed(await analyse(event_id, content, metadata), event_id=event_id, source_kind=source_kind,
+                          session_id=session_id, scope_path=scope_path, metadata=metadata, created_at=created_at,
+                          pii_status=pii_status, active=active, added_by=added_by)
+
+    def add_analysed(self, analysed: list[tuple[Chunk, DocumentTerms]], *, event_id: str, source_kind: str,
+                     session_id: str | None, scope_path: str, metadata: dict[str, Any], created_at: dt.datetime,
+                     pii_status: str = "clear", active: bool = True, added_by: str | None = None) -> None:
+        """`add` of chunks already cut and analysed (`analyse`)."""
         domain = str(metadata.get(DOMAIN_KEY) or "")
         searchable = active and pii_status == "clear"
-        content_type = _content_type(content, metadata)
-        if len(content) > OFF_LOOP_BYTES:
-            analysed = await asyncio.to_thread(_analysed, event_id, content, content_type)
-        else:
-            analysed = _analysed(event_id, content, content_type)
         meta_json = orjson.dumps(metadata).decode()
         for c, doc in analysed:
             cid = str(c.id)
@@ -161,6 +182,12 @@ class ChunkProjection:
         """Queue the pending chunk writes on `batch` (the session projector sends its own rows in
         the same round trip). Returns the query that reads back the inserted chunks, whose rows go
         to `written`; None when nothing is pending."""
+        if self.deferred:
+            deferred, self.deferred = self.deferred, {}
+            for source, (_kind, by, _at) in deferred.items():
+                self.requested.setdefault(by, []).append(source)
+            batch.add(_REQUEST_INDEXING, self.org_id, list(deferred),
+                      *(list(c) for c in zip(*((k, uuid.UUID(b), t) for k, b, t in deferred.values()))))
         pending, self.pending = self.pending, _PendingChunks()
         if not pending:
             return None
@@ -221,8 +248,12 @@ class ChunkProjection:
         await self._searchable_changed(rows)
 
     async def remove_source(self, event_id: str) -> None:
-        """Drop a source's chunks (a new PII scan result replaces them), with their statistics."""
+        """Drop a source's chunks (a new PII scan result replaces them), with their statistics,
+        and any indexing still asked for it."""
+        self.deferred.pop(event_id, None)
         await self.flush()
+        await self.conn.execute("DELETE FROM indexing_requests WHERE org_id = $1 AND source_event_id = $2",
+                                self.org_id, event_id)
         gone = await self.conn.fetch(
             "DELETE FROM chunks WHERE org_id = $1 AND source_event_id = $2 "
             "RETURNING chunk_id, scope_path, domain, term_count, token_count, searchable",
@@ -306,6 +337,12 @@ class ChunkProjection:
         self.awaiting_vector = {c: h for c, h in self.awaiting_vector.items() if h not in self.recorded}
 
 
+_REQUEST_INDEXING = """
+INSERT INTO indexing_requests (org_id, source_event_id, source_kind, added_by, requested_at)
+SELECT $1, u.* FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::timestamptz[]) AS u
+ON CONFLICT (org_id, source_event_id) DO UPDATE
+SET source_kind = EXCLUDED.source_kind, added_by = EXCLUDED.added_by, requested_at = EXCLUDED.requested_at
+"""
 _INSERT_POSTINGS = """
 INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable, impact)
 SELECT $1, u.* FROM unnest($2::text[], $3::uuid[], $4::int[], $5::int[], $6::text[], $7::text[], $8::bool[],

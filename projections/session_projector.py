@@ -109,7 +109,7 @@ from context_engine.projections.database import require_standard_strings, set_co
 from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
 from context_engine.scope import ID_PATTERN, Scope
 
-from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, pii_scan_job
+from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, indexing_job, pii_scan_job
 
 from .chunk_projection import SEMANTIC, BulkLoad, ChunkProjection
 from .guardrail_projection import apply_guardrail_published
@@ -250,11 +250,16 @@ async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[
     await applier.finish()
     if bulk:
         return
-    unembedded = applier.chunks.unembedded()
+    unembedded, requested = applier.chunks.unembedded(), applier.chunks.requested
     for i in indexes:
-        if (r := results[i]) is not None and r.outcome == APPLIED and r.event_id in unembedded:
+        if (r := results[i]) is None or r.outcome != APPLIED:
+            continue
+        if r.event_id in unembedded:
             job = embedding_job(Scope(org_id), r.event_id, unembedded[r.event_id])
-            results[i] = dataclasses.replace(r, jobs=(*r.jobs, ("embedding", job)))
+            results[i] = r = dataclasses.replace(r, jobs=(*r.jobs, ("embedding", job)))
+        if r.event_id in requested:
+            jobs = tuple(("indexing", indexing_job(Scope(org_id), source)) for source in requested[r.event_id])
+            results[i] = dataclasses.replace(r, jobs=(*r.jobs, *jobs))
 
 
 # What an event itself can cause while it is applied: a payload the code or the database cannot

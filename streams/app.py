@@ -42,6 +42,7 @@ from context_engine.config import Settings
 from context_engine.events import EMBEDDING_RECORDED, Event
 from context_engine.inference.embedder import embedder_from_settings
 from context_engine.metrics import PROJECTOR_BATCH_EVENTS, PROJECTOR_BATCH_SECONDS, serve_metrics
+from context_engine.projections import deferred_indexing
 from context_engine.projections.database import create_pool, transaction_state_only
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import APPLIED, Applied, apply_batch
@@ -50,7 +51,9 @@ from context_engine.streams.embedding_pipeline import EmbeddingPipeline
 from context_engine.streams.fetch_wait import AdaptiveFetchWait
 from context_engine.inference.pii_client import PiiClient
 from context_engine.projections.savings_projection import apply_samples
-from context_engine.streams.jobs import baseline_sample, open_envelope, open_pii_scan_job, scope_of
+from context_engine.scope import Scope
+from context_engine.streams.jobs import (baseline_sample, embedding_job, open_envelope, open_indexing_job,
+                                         open_pii_scan_job, scope_of)
 from context_engine.streams.pii_scanner import PiiScanner
 from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
 from context_engine.streams.topics import LogTopics, ensure_topics
@@ -128,7 +131,8 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     embedding_topic = raw_topic(topics.jobs["embedding"])
     reindex_topic = raw_topic(topics.jobs["reindex"])
     pii_topic = raw_topic(topics.jobs["pii"])
-    job_topics = {"embedding": embedding_topic, "pii": pii_topic,
+    indexing_topic = raw_topic(topics.jobs["indexing"])
+    job_topics = {"embedding": embedding_topic, "pii": pii_topic, "indexing": indexing_topic,
                   "compaction": raw_topic(topics.jobs["compaction"])}
     holder: dict[str, object] = {}
 
@@ -192,6 +196,31 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
                 for kind, job in applied.jobs:
                     await job_topics[kind].send(key=job.key, value=job.value)
 
+    async def index(sources_by_org: dict[str, list[str]]) -> None:
+        """Index long contents (projections/deferred_indexing.py) and ask for their embeddings. A
+        source that fails stays requested: the sweep tries it again."""
+        db = await pool()
+        for org_id, sources in sources_by_org.items():
+            for source in sources:
+                try:
+                    async with db.acquire() as conn:
+                        unembedded = await deferred_indexing.index_requested(conn, org_id, source)
+                except Exception:
+                    log.exception("indexing failed; left for the sweep", org_id=org_id, source_event_id=source)
+                    continue
+                for event_id, chunk_ids in unembedded.items():
+                    job = embedding_job(Scope(org_id), event_id, chunk_ids)
+                    await embedding_topic.send(key=job.key, value=job.value)
+
+    @app.agent(indexing_topic, name="chunk-indexer")
+    async def chunk_indexer(stream):
+        async for batch in stream.take(JOB_BATCH_MAX, within=JOB_BATCH_WITHIN_S):
+            by_org: dict[str, list[str]] = {}
+            for raw in batch:
+                env, source = open_indexing_job(raw)
+                by_org.setdefault(env.scope.org_id, []).append(source)
+            await index(by_org)
+
     @app.agent(embedding_topic, name="embedding-pipeline")
     async def embedding_agent(stream):
         p = await pipeline()
@@ -232,6 +261,8 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
             await _scan(s, {env.scope.org_id: [memory_event_id]})
 
     async def sweep(older_than: dt.timedelta) -> None:
+        async with (await pool()).acquire() as conn:
+            await index(await deferred_indexing.backlog(conn, older_than=older_than))
         p = await pipeline()
         after = None
         while True:  # the whole backlog, a page at a time (a restart can leave thousands)

@@ -91,6 +91,16 @@ def open_pii_scan_job(raw: bytes) -> tuple[stream_pb2.StreamEnvelope, str]:
     return env, str(orjson.loads(env.payload)["memory_event_id"])
 
 
+# Neither has the indexing of a long content (projections/deferred_indexing.py): JSON {"source_event_id"}.
+def indexing_job(scope: Scope, source_event_id: str) -> JobMessage:
+    return envelope("indexing", scope, orjson.dumps({"source_event_id": source_event_id}))
+
+
+def open_indexing_job(raw: bytes) -> tuple[stream_pb2.StreamEnvelope, str]:
+    env = stream_pb2.StreamEnvelope.FromString(raw)
+    return env, str(orjson.loads(env.payload)["source_event_id"])
+
+
 def baseline_metric(scope: Scope, *, prompt_id: str, session_id: str, assembled_tokens: int,
                     naive_tokens: int, model_id: str) -> JobMessage:
     return envelope("metrics:baseline", scope, stream_pb2.BaselineMetricEvent(

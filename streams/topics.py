@@ -98,6 +98,7 @@ JOB_STREAMS = {
     "metrics:baseline": "metrics-baseline",
     "audit:access": "audit-access",
     "pii": "pii",  # the engine's own: PII scans of pushed memory (docs/pii.md); not in stream.proto
+    "indexing": "indexing",  # the engine's own: chunking long contents after the commit (docs/retrieval.md)
 }
 # Streams no caller waits on: their records do not keep the consumers' fetch wait short.
 TELEMETRY_STREAMS = ("metrics:baseline", "audit:access")

@@ -16,6 +16,7 @@ from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
+from context_engine.projections import deferred_indexing
 from context_engine.scope import Scope
 from context_engine.streams.topics import LogTopics
 from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
@@ -50,6 +51,28 @@ async def stored(engine, org: str, session_id: str) -> list[tuple[int, str]]:
         await conn.close()
 
 
+async def indexed_chunks(engine, org: str) -> dict[str, bool]:
+    """Once the org's indexing requests are done: per content kind (in ingest order), whether its
+    event has chunks."""
+    conn = await asyncpg.connect(engine.settings.database_url)
+    try:
+        deadline = asyncio.get_running_loop().time() + 120
+        while await deferred_indexing.pending_count(conn, [org]) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.2)
+        assert await deferred_indexing.pending_count(conn, [org]) == 0
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
+            rows = await conn.fetch(
+                "SELECT e.seq, count(c.chunk_id) AS n, coalesce(max(c.token_count), 0) AS most, "
+                "       bool_or(strpos(c.content, chr(1)) > 0) AS controls "
+                "FROM session_events e LEFT JOIN chunks c ON c.org_id = e.org_id AND c.source_event_id = e.event_id "
+                "WHERE e.org_id = $1 GROUP BY e.seq ORDER BY e.seq", org)
+    finally:
+        await conn.close()
+    assert all(r["most"] <= 256 and not r["controls"] for r in rows)
+    return dict(zip(contents_at(1), (r["n"] > 0 for r in rows)))
+
+
 async def test_every_content_up_to_the_limit_is_accepted_and_one_byte_more_is_refused(engine):
     limit = engine.settings.max_content_bytes
     org = unique("big")
@@ -63,6 +86,10 @@ async def test_every_content_up_to_the_limit_is_accepted_and_one_byte_more_is_re
                                                              content=contents["binary"]))
     assert push.version_hash == sha256_hex(contents["binary"])
     assert await stored(engine, org, "s") == [(limit, sha256_hex(c)) for c in contents.values()]
+    # Their chunks come after the acknowledgement (projections/deferred_indexing.py): the text ones
+    # have chunks, within the token limit, without a NUL; the binary one has none.
+    assert await indexed_chunks(engine, org) == {"no spaces": True, "NUL bytes": True, "binary": False,
+                                                 "multi-byte": True}
 
     before = await archived_count(engine, org)
     for method, request in (

@@ -759,3 +759,93 @@ async def test_vector_assignment_order_does_not_matter(conn: asyncpg.Connection)
         await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
         assert [r["embedding_model"] for r in await conn.fetch(
             "SELECT embedding_model FROM chunks WHERE org_id = $1", org)] == ["model-b", "model-b"]
+
+
+_RETRIEVAL_DUMP = {
+    "chunks": "SELECT chunk_id, scope_path, source_event_id, source_kind, session_id, chunk_index, domain, content, "
+              "content_hash, token_count, term_count, metadata, created_at, active, pii_status, searchable "
+              "FROM chunks WHERE org_id = $1 ORDER BY chunk_id",
+    "chunk_terms": "SELECT term, chunk_id, tf, doc_length, scope_path, domain, searchable, impact FROM chunk_terms "
+                   "WHERE org_id = $1 ORDER BY chunk_id, term",
+    "corpus_stats": "SELECT scope_path, domain, n_docs, total_length, token_total FROM corpus_stats "
+                    "WHERE org_id = $1 ORDER BY 1, 2",
+    "term_stats": "SELECT scope_path, domain, term, df FROM term_stats WHERE org_id = $1 ORDER BY 1, 2, 3",
+}
+
+
+async def _retrieval_rows(conn: asyncpg.Connection, org: str) -> dict[str, list[tuple[Any, ...]]]:
+    return await in_org(conn, org, lambda c, o: _dump_retrieval(c, o))
+
+
+async def _dump_retrieval(conn: asyncpg.Connection, org: str) -> dict[str, list[tuple[Any, ...]]]:
+    return {t: [tuple(r.values()) for r in await conn.fetch(sql, org)] for t, sql in _RETRIEVAL_DUMP.items()}
+
+
+def _scrubbed(pushed: Event, content: bytes, status: str = "clear") -> Event:
+    return Event(events_module.MEMORY_SCRUBBED, pushed.scope, pushed.aggregate, "pii-scanner", {
+        "memory_event_id": pushed.event_id, "content_b64": base64.b64encode(content).decode(), "status": status,
+        "spans_by_class": {}, "detector_version": "test", "fallback_reason": ""})
+
+
+async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it_in_place(
+        conn: asyncpg.Connection, postgres_url: str) -> None:
+    """Live, the projector only asks for the chunks of a content over INLINE_INDEX_BYTES and the
+    indexer writes them after the commit, with the source's state at that moment (here: rolled
+    back in between, and a memory scanned twice); a bulk replay writes them in place. Both end in
+    the same chunks, postings and statistics."""
+    from context_engine.projections import deferred_indexing
+    from context_engine.projections.chunk_projection import INLINE_INDEX_BYTES, BulkLoad, recount_statistics
+
+    org, log = new_org(), Log()
+    words = "harbour lamp keeper boats tide village rain morning water grey".split()
+    rng = random.Random(5)
+
+    def long_text(n: int) -> str:
+        return " ".join(rng.choice(words) + (". " if rng.random() < 0.1 else "") for _ in range(n))
+
+    short = ingest(org, "s", "a short turn stays in the projector's transaction")
+    first = ingest(org, "s", long_text(20_000))
+    kept = ingest(org, "s", long_text(15_000))
+    later = ingest(org, "s", long_text(12_000))
+    pushed = push(org, "s", "x", memory_type="semantic")
+    assert all(len(base64.b64decode(e.payload["content_b64"])) > INLINE_INDEX_BYTES for e in (first, kept, later))
+    applied = await apply_batch(conn, log.append(short, first, kept, later, pushed))
+    jobs = {a.event_id: [kind for kind, _ in a.jobs] for a in applied}
+    assert jobs[short.event_id] == ["embedding"] and jobs[first.event_id] == ["indexing"]
+    rows = await _retrieval_rows(conn, org)
+    assert {r[2] for r in rows["chunks"]} == {uuid.UUID(short.event_id)}  # only the short one so far
+    version_after_kept = await conn.fetchval(
+        "SELECT version FROM session_items WHERE org_id = $1 AND event_id = $2", org, uuid.UUID(kept.event_id))
+    scans = [_scrubbed(pushed, long_text(14_000).encode()), _scrubbed(pushed, long_text(16_000).encode())]
+    await apply_batch(conn, log.append(rollback(org, "s", version_after_kept), scans[0]))
+    await apply_batch(conn, log.append(scans[1]))  # a rescan replaces the first scan's request
+
+    assert await deferred_indexing.pending_count(conn, [org]) == 4
+    for source in (first, kept, later, pushed):
+        await deferred_indexing.index_requested(conn, org, source.event_id)
+        assert await deferred_indexing.index_requested(conn, org, source.event_id) == {}  # done once
+    assert await deferred_indexing.pending_count(conn, [org]) == 0
+    live = await _retrieval_rows(conn, org)
+    by_source = {}
+    for r in live["chunks"]:
+        by_source.setdefault(str(r[2]), set()).add(r[13])  # active flags
+    assert by_source[later.event_id] == {False} and by_source[first.event_id] == {True}
+
+    name, replay_url = await _create_db(postgres_url, "ce_bulk")
+    try:
+        fresh = await asyncpg.connect(replay_url)
+        try:
+            archived = [LogRecord(r["topic"], r["partition"], r["offset"], bytes(r["raw"])) for r in await conn.fetch(
+                'SELECT topic, partition, "offset", raw FROM event_archive WHERE org_id = $1 ORDER BY archive_seq', org)]
+            await apply_batch(fresh, archived, bulk=BulkLoad(copy=False))
+            async with fresh.transaction():
+                await fresh.execute("SELECT set_config('app.org_id', $1, true)", org)
+                await recount_statistics(fresh, org)
+            replayed = await _retrieval_rows(fresh, org)
+            assert await deferred_indexing.pending_count(fresh) == 0
+        finally:
+            await fresh.close()
+    finally:
+        await _drop_db(postgres_url, name)
+    assert {t: len(v) for t, v in replayed.items()} == {t: len(v) for t, v in live.items()}
+    assert replayed == live
