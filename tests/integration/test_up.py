@@ -6,6 +6,7 @@ succeeded (`pytest -s` shows them); they assert that calls succeed again, not ho
 """
 
 import asyncio
+import collections
 import concurrent.futures
 import os
 import pathlib
@@ -166,12 +167,20 @@ def wait_until(condition, what: str, up: "Up", timeout: float = RECOVERY_TIMEOUT
 
 
 def child_pid(up: "Up", *words: str) -> int:
-    """The pid of up's child whose command line holds `words` (e.g. "serve", "api")."""
-    for pid in descendants(up.proc.pid):
-        line = command_line(pid)
-        if "context_engine.cli" in line and set(words) <= set(line) and alive(pid):
-            return pid
-    raise AssertionError(f"no child {words} of up; output:\n" + "".join(up.lines))
+    """The pid of up's child whose command line holds `words` (e.g. "serve", "api"), waiting
+    for it while up restarts it."""
+    def find() -> int | None:
+        for pid in descendants(up.proc.pid):
+            line = command_line(pid)
+            if "context_engine.cli" in line and set(words) <= set(line) and alive(pid):
+                return pid
+        return None
+
+    try:
+        return wait_until(find, f"child {words} of up", up)
+    except AssertionError as failure:
+        tree = {pid: " ".join(command_line(pid)) for pid in descendants(up.proc.pid)}
+        raise AssertionError(f"{failure}\nprocesses under up: {tree}") from None
 
 
 def reflected_services(port: int) -> set[str]:
@@ -212,6 +221,10 @@ def ingest_at_once(port: int, token: str, n: int) -> list[grpc.StatusCode]:
 
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         return list(pool.map(one, range(n)))
+
+
+def tally(codes: list[grpc.StatusCode]) -> str:
+    return ", ".join(f"{n} {name}" for name, n in collections.Counter(c.name for c in codes).items()) or "none"
 
 
 def seconds_until_acknowledged(port: int, token: str, since: float, up: "Up") -> tuple[float, list]:
@@ -325,7 +338,7 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
             killed = time.monotonic()
             seconds, failed = seconds_until_answered(channel, own, killed, up)
         print(f"\nkill -9 of the API process (1 of 2) a client's channel was on: Search answered on that "
-              f"channel after {seconds:.2f}s (failed before: {failed})")
+              f"channel after {seconds:.2f}s (failed before: {tally(failed)})")
         wait_until(lambda: any(f"api-{index} restarted" in line for line in up.lines), f"api-{index} restarted", up)
         assert child_pid(up, "serve", "api", "--process-index", str(index)) != victim
         # The restarted process serves: its own /metrics answers again.
@@ -386,7 +399,7 @@ def test_up_restarts_killed_children_until_their_budget_is_spent(service_tmp_pat
         seconds_not_serving = time.monotonic() - killed
         seconds, failed = seconds_until_acknowledged(up.api_port, writer, killed, up)
         print(f"\nkill -9 of the worker: API health NOT_SERVING after {seconds_not_serving:.2f}s, "
-              f"a write acknowledged again after {seconds:.2f}s (failed before: {failed})")
+              f"a write acknowledged again after {seconds:.2f}s (failed before: {tally(failed)})")
         wait_until(lambda: health_or_none(up.api_port) == SERVING, "API health SERVING again", up)
         print(f"kill -9 of the worker: API health SERVING again after {time.monotonic() - killed:.2f}s")
         assert (home / "run" / "worker.ready").exists()
@@ -412,9 +425,11 @@ def test_up_restarts_killed_children_until_their_budget_is_spent(service_tmp_pat
             kept, failed = on_kept_channel.result()
             acked, _ = write.result()
         print(f"kill -9 of the only API process: Search answered on a new channel after {fresh:.2f}s, "
-              f"on the client's kept channel after {kept:.2f}s (failed before: {set(failed)}), "
+              f"on the client's kept channel after {kept:.2f}s (failed before: {tally(failed)}), "
               f"a write acknowledged after {acked:.2f}s")
         assert child_pid(up, "serve", "api") != api
+        # Each restarted child stayed up: one exit each, the kill's.
+        assert [line.split(" exited")[0] for line in up.lines if " exited with " in line] == ["[up] worker", "[up] api"]
 
         # A child that dies on every start (its port taken) is restarted with a growing delay,
         # CHILD_RESTARTS_PER_MINUTE times; its next death stops the stack: exit 1, nothing left.
