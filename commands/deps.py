@@ -3,11 +3,12 @@ context_engine.api.app)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 
 from context_engine.commands.session_access import SessionOwners
+from context_engine.commands.write_budget import WriteBudget
 from context_engine.config import Settings
 from context_engine.errors import DomainError, InvalidArgument, Unavailable
 from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, SESSION_ROLLED_BACK, SNAPSHOT_CREATED, Event
@@ -59,6 +60,7 @@ class Deps:
     owners: SessionOwners
     embedder: Embedder
     query_vectors: QueryVectors
+    write_budget: WriteBudget = field(default_factory=lambda: WriteBudget(0, 1))  # none unless given
 
     async def append(self, event: Event, session_key: str, *, idempotency_key: str = "") -> str | None:
         """Append and return once the event is archived and projected: the acknowledgement point.

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from context_engine.auth import Principal
 from context_engine import validation
 from context_engine.commands.deps import Deps
+from context_engine.commands.write_budget import write_bytes
 from context_engine.commands.session_access import session_claimed_elsewhere
 from context_engine.errors import FailedPrecondition, InvalidArgument
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
@@ -100,6 +101,8 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
     validation.one_of(command.event_type, EVENT_TYPES, "event_type")
     validation.content(command.content, deps.settings.max_content_bytes)
     metadata = validation.metadata(command.metadata)
+    # Before any work for the call: a tenant over its budget costs the others nothing more.
+    deps.write_budget.charge(principal.scope.org_id, write_bytes(command.content, metadata))
     client_key, retried_id = idempotency_key(command.idempotency_key)
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pathlib
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "CONTEXT_ENGINE_"
@@ -72,6 +72,11 @@ class Settings(BaseSettings):
     # Limits. Every content up to this many bytes is accepted end to end; the log's record limits
     # follow from it (streams/log.py), within the 16 MiB its topics are created to take.
     max_content_bytes: int = Field(default=1024 * 1024, ge=1, le=8 * 1024 * 1024)
+    # Each org's write budget in each API process (commands/write_budget.py): content + metadata
+    # bytes of IngestEvent and PushContext, sustained per second, and the most in one burst (at
+    # least max_content_bytes, or the largest content could never be written). 0 = no budget.
+    org_write_bytes_per_second: int = Field(default=1024 * 1024, ge=0)
+    org_write_burst_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
 
     # JWT verification. HS256 uses a key file generated under `home` on first `up`;
     # RS256 / EdDSA verify with a configured public key (PEM).
@@ -142,6 +147,13 @@ class Settings(BaseSettings):
     pii_scan_wait_seconds: float = 5.0
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _largest_content_fits_the_write_budget(self) -> "Settings":
+        if self.org_write_bytes_per_second and self.org_write_burst_bytes < self.max_content_bytes:
+            raise ValueError(f"org_write_burst_bytes ({self.org_write_burst_bytes}) must be at least "
+                             f"max_content_bytes ({self.max_content_bytes}): the largest content could never be written")
+        return self
 
     def tenant_min_score(self, org_id: str) -> float:
         """The tenant knob retrieval_min_score: the org's override, else the default."""

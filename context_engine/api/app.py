@@ -15,6 +15,7 @@ from context_engine.api.interceptors import Authentication, ErrorsAndAccessLog
 from context_engine.api.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
 from context_engine.auth import TokenVerifier
 from context_engine.commands.deps import Deps
+from context_engine.commands.write_budget import WriteBudget
 from context_engine.commands.session_access import SessionOwners
 from context_engine.config import Settings
 from context_engine.inference.coalescing_embedder import CoalescingEmbedder
@@ -25,7 +26,7 @@ from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import APP_ROLE, app_url
 from context_engine.streams import readiness
 from context_engine.streams.freshness import SessionFreshness
-from context_engine.streams.log import ArchiveWatch, EventLog
+from context_engine.streams.log import ArchiveWatch, EventLog, record_bytes_limit
 from context_engine.streams.restore import restore_if_behind
 from context_engine.streams.topics import LogTopics, ensure_topics
 
@@ -58,7 +59,8 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
 
     url = api_database_url(settings)
     pool = await create_pool(url, min_size=2, max_size=16)
-    event_log = EventLog(settings.kafka_bootstrap, topics, recover, hold_timeout=settings.ack_timeout_seconds)
+    event_log = EventLog(settings.kafka_bootstrap, topics, recover, hold_timeout=settings.ack_timeout_seconds,
+                         max_record_bytes=record_bytes_limit(settings.max_content_bytes))
     watch = ArchiveWatch(url, pool)
     # Queries of concurrent calls share model runs (inference/coalescing_embedder.py).
     embedder = CoalescingEmbedder(embedder_from_settings(settings, threads=settings.query_embedder_threads))
@@ -66,7 +68,8 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
         await event_log.start()
         await watch.start()
         yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool,
-                   SessionOwners(pool), embedder, QueryVectors(embedder, settings.query_vectors_remembered))
+                   SessionOwners(pool), embedder, QueryVectors(embedder, settings.query_vectors_remembered),
+                   WriteBudget.from_settings(settings))
     finally:
         await embedder.aclose()
         await watch.stop()

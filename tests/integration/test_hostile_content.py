@@ -14,6 +14,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from upsquad.context.v1 import context_pb2 as pb
 
+from context_engine.api.status import error_info
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from context_engine.projections import deferred_indexing
@@ -175,3 +176,27 @@ async def test_a_record_nobody_can_apply_takes_no_other_tenants_event_with_it(en
     finally:
         await conn.close()
     assert rejected == set(poison)
+
+
+async def test_an_org_writing_megabytes_as_fast_as_it_can_is_held_to_its_budget(engine):
+    """The shared engine's default budget (1 MiB/s, bursts of 8 MiB): a tenant writing 1 MiB
+    contents back to back is refused with RESOURCE_EXHAUSTED and when to retry; what is refused
+    writes nothing, and another tenant's writes go on meanwhile."""
+    attacker, bystander = unique("flood"), unique("bystander")
+    flood, other = engine.caller(attacker, clearance=1), engine.caller(bystander, clearance=1)
+    content = bytes(range(256)) * (engine.settings.max_content_bytes // 256)
+    accepted, refusal = 0, None
+    for _ in range(4 * engine.settings.org_write_burst_bytes // len(content)):
+        try:
+            await flood("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message", content=content))
+            accepted += 1
+        except grpc.aio.AioRpcError as err:
+            refusal = err
+            break
+        await other("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message", content=b"still here"))
+    assert refusal is not None and refusal.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    info = error_info(refusal)
+    assert info.reason == "ORG_WRITE_RATE_EXCEEDED" and float(info.metadata["retry_after_seconds"]) > 0
+    assert accepted >= engine.settings.org_write_burst_bytes // len(content) - 1
+    assert await archived_count(engine, attacker) == accepted
+    assert await archived_count(engine, bystander) == accepted
