@@ -13,6 +13,16 @@ to the float32 ones, LoCoMo dense recall unchanged.
 
 Because x's quantization range covers the whole tensor, a text's vector would depend on the texts
 batched with it; callers run one text per session run (inference/embedder.py).
+
+The product is not the same arithmetic on every CPU. With VNNI (``vpdpbusd``) each sum of u8 x s8
+products is int32. On AVX2 without VNNI (and AVX-512 without VNNI) onnxruntime multiplies with
+``vpmaddubsw``, which adds each pair of adjacent products (k, k+1) in *saturating* int16: with x in
+0..255, ``|q1*w1 + q2*w2| <= 2 * 255 * |w|`` fits in int16 for every input only when
+``|w| <= SATURATION_FREE_MAX_WEIGHT`` (64, i.e. 7-bit weights, onnxruntime's ``reduce_range``).
+The packaged MiniLM uses the full int8 range (9 % of its weights beyond ±64; 1.6 % of its
+(pair, column) entries can overflow), and still agrees with float32 at cosine >= 0.979 there
+(bench/int8_saturation.py emulates that arithmetic on any CPU); MiniLMEmbedder checks the
+agreement on the CPU it starts on and falls back to float32 products when it is lost.
 """
 
 from __future__ import annotations
@@ -22,6 +32,10 @@ from collections import Counter
 import numpy as np
 
 MS_DOMAIN = "com.microsoft"
+
+#: The largest |int8 weight| for which no pair of uint8 x int8 products can leave int16
+#: (2 * 255 * 64 = 32640 <= 32767): weights within it give the same products on every CPU.
+SATURATION_FREE_MAX_WEIGHT = 64
 
 
 def int8_matmul_model(model: bytes) -> tuple[bytes, int]:
