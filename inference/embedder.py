@@ -14,24 +14,33 @@ import logging
 import os
 import pathlib
 import threading
+from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+import structlog
 
 from context_engine.errors import DomainError, Unavailable
 from context_engine.inference.int8_matmul import int8_matmul_model
+from context_engine.metrics import record_embedder_matmul
 
 __all__ = [
     "Embedder",
     "EmbeddingError",
     "EmbeddingUnavailable",
+    "INT8_CHECK_TEXTS",
+    "INT8_MIN_COSINE",
+    "Int8Check",
     "MiniLMEmbedder",
     "OpenAIEmbedder",
     "build_embedder",
+    "compare_products",
 ]
 
 log = logging.getLogger(__name__)
+events = structlog.get_logger("context_engine.embedder")
 
 
 @runtime_checkable
@@ -138,6 +147,63 @@ def _default_onnx_model() -> tuple[pathlib.Path, str | None]:
 #: How MiniLM computes its weight products (see MiniLMEmbedder).
 MATMULS = ("int8", "float32")
 
+#: What the int8 self-check embeds when a MiniLMEmbedder starts with ``matmul="int8"``: a few short
+#: texts like those the engine embeds (chat turns, a question, a keyword query, a status line with
+#: numbers and identifiers, non-Latin script and emoji, a paragraph), 7 to 50 word pieces. Both
+#: products of all of them take ~30 ms on 2 cores.
+INT8_CHECK_TEXTS: tuple[str, ...] = (
+    "Caroline: I went to a LGBTQ support group yesterday and it was so powerful.",
+    "When did Melanie paint a sunrise?",
+    "quarterly revenue report",
+    "Deploy v2.14.3 failed: migration 0013 timed out after 30 s, rolled back to snapshot 42.",
+    "Ünïcode, 日本語, and emoji 🎉 in one message.",
+    "The assistant summarised the meeting: the team agreed to move the release to Friday, Priya "
+    "will review the payment service changes, and the customer asked for the invoice in euros "
+    "before the end of the quarter.",
+)
+
+#: The lowest cosine, on any of INT8_CHECK_TEXTS, between the vectors of the int8 and the float32
+#: products that keeps the int8 products. Measured for the packaged model: on CPUs with VNNI,
+#: 0.98-1.0 over 3,000 LoCoMo turns and questions (mean 0.994); on AVX2 without VNNI, where
+#: onnxruntime adds pairs of u8 x s8 products in saturating int16, min 0.979 and mean 0.992 over 300
+#: LoCoMo turns (issue #18; bench/int8_saturation.py reproduces that arithmetic on any CPU). 0.97 is
+#: below every healthy measurement, so a CPU that computes the products as intended never falls back
+#: over a handful of texts, while a product that is really wrong (saturation on weights that use
+#: the full int8 range, a misplaced scale, a kernel bug) moves vectors much further.
+INT8_MIN_COSINE = 0.97
+
+
+@dataclass(frozen=True)
+class Int8Check:
+    """What the int8 self-check measured: per check text, the cosine between the vectors of the int8
+    and of the float32 products, in [0, 1]; and the bound they were held to."""
+
+    cosines: tuple[float, ...]
+    bound: float = INT8_MIN_COSINE
+
+    @property
+    def min_cosine(self) -> float:
+        return min(self.cosines)
+
+    @property
+    def agrees(self) -> bool:
+        """Every text at or above the bound: the int8 products may be used."""
+        return self.min_cosine >= self.bound
+
+
+def compare_products(int8: np.ndarray, float32: np.ndarray, bound: float = INT8_MIN_COSINE) -> Int8Check:
+    """Row i of ``int8`` against row i of ``float32`` (the same text through both products): the
+    cosine of each pair, whatever the rows' lengths. A zero or non-finite row counts as 0, and so
+    does a negative cosine (it fails any bound that matters), so each cosine is in [0, 1]."""
+    a, b = np.asarray(int8, dtype=np.float64), np.asarray(float32, dtype=np.float64)
+    if a.ndim != 2 or a.shape != b.shape or not a.shape[0]:
+        raise ValueError(f"expected two non-empty (n, d) arrays of one shape, got {a.shape} and {b.shape}")
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        cosines = (a * b).sum(axis=1) / norms
+    cosines = np.clip(np.nan_to_num(cosines, nan=0.0, posinf=0.0, neginf=0.0), 0.0, 1.0)
+    return Int8Check(tuple(float(c) for c in cosines), bound)
+
 # Fixed cost of one session.run, in padded-token equivalents. Measured on 2 Xeon cores: a run
 # costs ~1-2 ms plus ~0.13 ms per (row x width) token, so ~12-16 tokens per run.
 _RUN_OVERHEAD_TOKENS = 16
@@ -180,6 +246,13 @@ class MiniLMEmbedder:
     ``max_batch_size`` rows, each padded to its longest member; the split minimises padding
     plus per-run overhead (see :func:`_plan_chunks`). Either way results do not depend on how
     texts are batched (tested to 1e-5; in practice bit-identical).
+
+    With ``matmul="int8"`` the embedder checks the int8 products on this CPU when it starts: it
+    embeds INT8_CHECK_TEXTS with both products and keeps int8 only when every text's two vectors
+    agree at cosine >= INT8_MIN_COSINE (``int8_check``, default :func:`compare_products`); else it
+    logs a warning and computes in float32. ``matmul`` is then what is in use,
+    ``requested_matmul`` what was asked, ``int8_check`` what the check measured (None when float32
+    was asked), and ``model_version`` names the products in use.
     """
 
     MODEL_NAME = "all-MiniLM-L6-v2-int8"
@@ -197,13 +270,16 @@ class MiniLMEmbedder:
         allow_spinning: bool = True,
         executor: Executor | None = None,
         matmul: str = "int8",
+        int8_check: Callable[[np.ndarray, np.ndarray], Int8Check] = compare_products,
     ) -> None:
         """``intra_op_threads`` defaults to min(2, cpus); ``concurrency`` bounds simultaneous
         ``session.run`` calls; ``allow_spinning=False`` stops idle onnxruntime workers from
         busy-waiting (about 20% less CPU at ~2 ms more latency per call on 2 cores);
         ``executor`` runs :meth:`embed`'s model calls (default: asyncio's default executor);
         ``matmul="int8"`` computes the weight products in int8 (inference/int8_matmul.py), one
-        text per run; ``"float32"`` lets onnxruntime expand the weights to float32, as before."""
+        text per run, if the self-check agrees; ``"float32"`` lets onnxruntime expand the weights to
+        float32, as before; ``int8_check(int8_vectors, float32_vectors)`` judges the self-check's
+        vectors (rows: INT8_CHECK_TEXTS)."""
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -236,18 +312,12 @@ class MiniLMEmbedder:
             version += f"+tok{tok_sha[:8]}"
         if max_seq_length != self.MAX_SEQ_LENGTH:
             version += f"/seq{max_seq_length}"
-        if matmul == "int8":
-            model, _ = int8_matmul_model(model)
-            version += "/int8-matmul"  # other vectors than the float32 products give
-        self.matmul = matmul
-        self.model_version: str = version
+        int8_model = int8_matmul_model(model)[0] if matmul == "int8" else None
+        self.requested_matmul = matmul
         self.model_path = onnx_path
         self.tokenizer_path = tok_path
         self.max_batch_size = max_batch_size
         self.max_seq_length = max_seq_length
-        # An int8 run quantizes its input over the whole batch: one text per run keeps a text's
-        # vector independent of its neighbours (and costs nothing measurable in int8).
-        self._rows_per_run = 1 if matmul == "int8" else max_batch_size
 
         tokenizer = Tokenizer.from_file(str(tok_path))
         # The file ships fixed 128 padding/truncation; we pad per batch ourselves.
@@ -267,14 +337,40 @@ class MiniLMEmbedder:
             "session.intra_op.allow_spinning", "1" if allow_spinning else "0"
         )
         self.intra_op_threads = opts.intra_op_num_threads
-        self._session = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
-        self._input_names = {i.name for i in self._session.get_inputs()}
-        out_shape = self._session.get_outputs()[0].shape
-        self.dimension: int = int(out_shape[-1]) if isinstance(out_shape[-1], int) else 384
         # Bounds simultaneous session.run calls: intra-op threads already use the cores, and
         # interleaving per batch keeps a small request from waiting behind a whole large one.
         self._run_slots = threading.BoundedSemaphore(concurrency)
         self._executor = executor
+
+        def session(graph: bytes) -> Any:
+            return ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
+
+        float32_session = session(model)
+        self._input_names = {i.name for i in float32_session.get_inputs()}
+        out_shape = float32_session.get_outputs()[0].shape
+        self.dimension: int = int(out_shape[-1]) if isinstance(out_shape[-1], int) else 384
+        self._session, self.matmul = float32_session, "float32"
+        self.int8_check: Int8Check | None = None
+        if int8_model is not None:
+            int8_session = session(int8_model)
+            texts = list(INT8_CHECK_TEXTS)
+            self.int8_check = check = int8_check(self._embed_on(int8_session, 1, texts),
+                                                 self._embed_on(float32_session, max_batch_size, texts))
+            if check.agrees:
+                self._session, self.matmul = int8_session, "int8"
+                version += "/int8-matmul"  # other vectors than the float32 products give
+                events.info("int8 products kept", min_cosine=round(check.min_cosine, 4), bound=check.bound)
+            else:
+                events.warning("int8 products disagree with float32 on this CPU: computing in float32",
+                               min_cosine=round(check.min_cosine, 4), bound=check.bound,
+                               cosines=[round(c, 4) for c in check.cosines], model_version=version)
+            del int8_session, float32_session  # the one not in use is freed here
+        self.model_version: str = version
+        # An int8 run quantizes its input over the whole batch: one text per run keeps a text's
+        # vector independent of its neighbours (and costs nothing measurable in int8).
+        self._rows_per_run = 1 if self.matmul == "int8" else max_batch_size
+        record_embedder_matmul(requested=matmul, in_use=self.matmul, model_version=version,
+                               min_cosine=None if self.int8_check is None else self.int8_check.min_cosine)
 
     def __repr__(self) -> str:
         return (
@@ -282,6 +378,13 @@ class MiniLMEmbedder:
             f"intra_op_threads={self.intra_op_threads}, max_batch_size={self.max_batch_size}, "
             f"matmul={self.matmul!r})"
         )
+
+    def matmul_status(self) -> dict[str, Any]:
+        """How the weight products are computed, for `context-engine models status` and benchmarks."""
+        check = self.int8_check
+        return {"matmul_requested": self.requested_matmul, "matmul": self.matmul,
+                "int8_check_min_cosine": None if check is None else round(check.min_cosine, 4),
+                "int8_check_bound": None if check is None else check.bound}
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         texts = _check_texts(texts)
@@ -296,6 +399,9 @@ class MiniLMEmbedder:
         return None
 
     def _embed_checked(self, texts: list[str]) -> np.ndarray:
+        return self._embed_on(self._session, self._rows_per_run, texts)
+
+    def _embed_on(self, session: Any, rows_per_run: int, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         if not texts:
             return out
@@ -303,7 +409,7 @@ class MiniLMEmbedder:
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
         order = np.argsort(lengths, kind="stable")
         sorted_lengths = lengths[order].tolist()
-        for start, stop in _plan_chunks(sorted_lengths, self._rows_per_run):
+        for start, stop in _plan_chunks(sorted_lengths, rows_per_run):
             idx = order[start:stop]
             width = sorted_lengths[stop - 1]
             ids = np.zeros((len(idx), width), dtype=np.int64)  # [PAD] is id 0
@@ -312,15 +418,15 @@ class MiniLMEmbedder:
                 n = int(lengths[i])
                 ids[row, :n] = encodings[i].ids
                 mask[row, :n] = 1
-            out[idx] = self._pooled(ids, mask)
+            out[idx] = self._pooled(session, ids, mask)
         return _l2_normalise(out)
 
-    def _pooled(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _pooled(self, session: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         feeds = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._input_names:
             feeds["token_type_ids"] = np.zeros_like(ids)
         with self._run_slots:
-            hidden = self._session.run(None, feeds)[0]  # (b, seq, dim) float32
+            hidden = session.run(None, feeds)[0]  # (b, seq, dim) float32
         weights = mask.astype(np.float32)
         summed = np.einsum("bsd,bs->bd", hidden, weights)
         counts = np.maximum(weights.sum(axis=1, keepdims=True), 1.0)
