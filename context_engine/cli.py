@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import datetime as dt
 import os
 import pathlib
@@ -13,6 +14,9 @@ from typing import Annotated, Optional
 import typer
 
 from context_engine.config import ENV_PREFIX, Settings
+from context_engine.inference.detector.cli import ModelsDir as _ModelsDir
+from context_engine.inference.detector.cli import models_app as _models_app
+from context_engine.inference.detector.cli import status as _detector_models_status
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Context Engine: event-sourced context and memory for LLM agents.")
@@ -26,10 +30,49 @@ stats_app = typer.Typer(no_args_is_help=True, help="What the engine measured.")
 app.add_typer(stats_app, name="stats")
 
 
-def _mount_models_app() -> None:
-    from context_engine.inference.detector.cli import models_app
+def _embedder_status(settings: Settings) -> dict[str, object]:
+    """The configured embedder, for `models status`; the local MiniLM is loaded (one thread) so that
+    its int8 self-check says which products this CPU computes with."""
+    if settings.embedder == "openai":
+        return {"model": settings.embedder_model, "embedder": "openai", "url": settings.embedder_url}
+    from context_engine.inference.embedder import MiniLMEmbedder
 
-    app.add_typer(models_app, name="models", help="Import and inspect the ML detector's model weights.")
+    row: dict[str, object] = {"model": "all-MiniLM-L6-v2", "embedder": "minilm"}
+    try:
+        embedder = MiniLMEmbedder(intra_op_threads=1, matmul=settings.minilm_matmul)
+    except Exception as exc:  # noqa: BLE001 - reported, as a detector model that is not installed is
+        return {**row, "installed": False, "problem": f"{type(exc).__name__}: {exc}"}
+    return {**row, "installed": True, "model_version": embedder.model_version, **embedder.matmul_status()}
+
+
+def _models_status(
+    models_dir: _ModelsDir = None,
+    embedder: Annotated[bool, typer.Option(
+        "--embedder/--no-embedder", help="Also load the local embedder and show the products its int8 self-check "
+                                          "chose on this CPU (~1 s)")] = True,
+) -> None:
+    """Show, as JSON lines, the detector models installed and the embedder's products on this CPU.
+
+    A row per detector model (where the service looks, what is installed there), then the embedder's:
+    its model_version and matmul, int8 or float32 when the int8 self-check disagreed on this CPU."""
+    _detector_models_status(models_dir=models_dir)
+    if embedder:
+        import json
+        import sys
+
+        with contextlib.redirect_stdout(sys.stderr):  # the self-check's log line, not among the rows
+            row = _embedder_status(_settings())
+        typer.echo(json.dumps(row))
+
+
+def _mount_models_app() -> None:
+    # `models status` is the detector's command with the embedder's row after its rows; a copy of the
+    # detector's sub-app, so that models_app itself stays as the detector module defines it.
+    models = copy.copy(_models_app)
+    models.registered_commands = [copy.copy(c) for c in _models_app.registered_commands]
+    (status,) = [c for c in models.registered_commands if c.name == "status"]
+    status.callback = _models_status
+    app.add_typer(models, name="models", help="Import and inspect the ML detector's model weights.")
 
 
 _mount_models_app()

@@ -188,6 +188,26 @@ def test_minilm_falls_back_to_float32_when_the_check_disagrees(minilm_float32: M
         embedder.int8_check.min_cosine)
 
 
+def test_models_status_shows_the_products_the_embedder_computes_with(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from context_engine.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["models", "status", "--models-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["model"] for row in rows] == ["prompt-guard-86m", "gliner-small-v2.1", "all-MiniLM-L6-v2"]
+    embedder = rows[-1]
+    assert embedder["model"] == "all-MiniLM-L6-v2" and embedder["embedder"] == "minilm"
+    assert embedder["matmul_requested"] == "int8" and embedder["int8_check_bound"] == INT8_MIN_COSINE
+    assert 0.0 <= embedder["int8_check_min_cosine"] <= 1.0
+    assert embedder["matmul"] == ("int8" if embedder["int8_check_min_cosine"] >= INT8_MIN_COSINE else "float32")
+    assert embedder["model_version"].endswith("/int8-matmul") == (embedder["matmul"] == "int8")
+    without = runner.invoke(app, ["models", "status", "--models-dir", str(tmp_path), "--no-embedder"])
+    assert without.exit_code == 0 and len(without.stdout.splitlines()) == len(rows) - 1
+
+
 def test_minilm_empty_inputs(minilm: MiniLMEmbedder) -> None:
     empty = minilm.embed_sync([""])
     assert empty.shape == (1, 384)
