@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/embed.py                      # in process, batch sizes 1, 32, 100; ~45 s
     .venv/bin/python bench/embed.py --sizes 1,8,32 --seconds 5 --threads 1 --json out.json
+    .venv/bin/python bench/embed.py --sizes 1 --seconds 5 --matmul float32  # the float32 products, one text at a time
     .venv/bin/python bench/embed.py --grpc               # starts a stack in a scratch directory
     .venv/bin/python bench/embed.py --grpc --address 127.0.0.1:50051 --data-dir .context-engine
 
@@ -58,6 +59,17 @@ def text_stream(seed: int = 7, tag: str = "") -> Iterator[str]:
         yield f"[{tag}{n}] " + " ".join(words).capitalize() + "."
 
 
+def cpu_flags() -> str:
+    """The instruction sets that decide how onnxruntime computes int8 products (VNNI or not)."""
+    wanted = ("avx2", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    return " ".join(flag for flag in wanted if flag in flags) or "none of " + " ".join(wanted)
+
+
 def machine_info(embedder: MiniLMEmbedder) -> dict[str, object]:
     import onnxruntime
 
@@ -81,7 +93,8 @@ def machine_info(embedder: MiniLMEmbedder) -> dict[str, object]:
         "model_version": embedder.model_version,
         "intra_op_threads": embedder.intra_op_threads,
         "max_batch_size": embedder.max_batch_size,
-        "matmul": embedder.matmul,
+        **embedder.matmul_status(),  # the matmul measured: int8 only if the self-check kept it on this CPU
+        "cpu_flags": cpu_flags(),
     }
 
 
@@ -227,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="unmeasured batches per size")
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     p.add_argument("--max-batch-size", type=int, default=32, help="embedder's internal batch (float32 products)")
-    p.add_argument("--matmul", choices=MATMULS, default="int8", help="how MiniLM computes its weight products")
+    p.add_argument("--matmul", choices=MATMULS, default="int8",
+                   help="how MiniLM computes its weight products (int8: if its self-check agrees on this CPU)")
     p.add_argument("--json", metavar="PATH", help="also write results as JSON")
     p.add_argument("--grpc", action="store_true", help="measure the Embed RPC, cold and cached")
     p.add_argument("--address", help="--grpc: a running stack's API (default: start one in a scratch dir)")
