@@ -83,11 +83,12 @@ INLINE_INDEX_BYTES = 64 * 1024
 async def analyse(event_id: str, content: bytes, metadata: dict[str, Any]) -> list[tuple[Chunk, DocumentTerms]]:
     """A source's chunks and their terms; a long content on a thread, off the worker's event loop."""
     if len(content) > INLINE_INDEX_BYTES:
-        return await asyncio.to_thread(_analysed, event_id, content, _content_type(content, metadata))
-    return _analysed(event_id, content, _content_type(content, metadata))
+        return await asyncio.to_thread(analysed_chunks, event_id, content, metadata)
+    return analysed_chunks(event_id, content, metadata)
 
 
-def _analysed(event_id: str, content: bytes, content_type: str) -> list[tuple[Chunk, DocumentTerms]]:
+def analysed_chunks(event_id: str, content: bytes, metadata: dict[str, Any]) -> list[tuple[Chunk, DocumentTerms]]:
+    content_type = _content_type(content, metadata)
     return [(c, term_frequencies(c.content)) for c in chunk_content(event_id, content, content_type=content_type)]
 
 

@@ -155,6 +155,8 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     embedding_thread = background_thread("embedder", settings.embedding_niceness,
                                          idle=settings.embedding_idle_priority)
     embedder = embedding_thread.submit(embedder_from_settings, settings, executor=embedding_thread).result()
+    # Long contents are cut into chunks below the projectors' priority too (projections/deferred_indexing.py).
+    indexing_thread = background_thread("indexer", settings.embedding_niceness, idle=settings.embedding_idle_priority)
 
     async def pipeline() -> EmbeddingPipeline:
         if "pipeline" not in holder:
@@ -204,7 +206,8 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
             for source in sources:
                 try:
                     async with db.acquire() as conn:
-                        unembedded = await deferred_indexing.index_requested(conn, org_id, source)
+                        unembedded = await deferred_indexing.index_requested(conn, org_id, source,
+                                                                             executor=indexing_thread)
                 except Exception:
                     log.exception("indexing failed; left for the sweep", org_id=org_id, source_event_id=source)
                     continue

@@ -1,0 +1,212 @@
+"""Hostile tenant: does one org's worst-case writes slow or break another's?
+
+Starts `context-engine up` in a scratch data directory, then runs two phases of `--seconds` each,
+side by side in one run:
+
+- quiet: org B ingests small messages at `--rate` calls/s (open loop, Poisson arrivals);
+- hostile: the same, while org A writes contents of exactly MAX_CONTENT_BYTES (1 MiB) as fast as
+  `--attackers` closed-loop clients may, cycling through four kinds: no spaces, ordinary text,
+  multi-byte text, NUL bytes. Every A content is new (no content hash repeats), so none of its
+  chunking or embedding is saved by deduplication.
+
+Reports org B's acknowledgement latency p50/p95/p99 and errors in both phases, org A's outcomes
+by status code, and the CPU each process of the stack used in each phase.
+
+    .venv/bin/python bench/hostile_tenant.py                   # 60 s per phase, B at 20/s, 2 attackers
+    .venv/bin/python bench/hostile_tenant.py --seconds 20 --rate 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import pathlib
+import shutil
+import string
+import tempfile
+import time
+
+import grpc
+import numpy as np
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
+
+from common import (ServerMetrics, Stack, _cpu_seconds, add_setting_option, drive_closed_loop, drive_open_loop,
+                    free_port, load_average, machine, percentile, stack_pids, stack_settings, wait_quiet)
+from ingest import worker_lines
+
+CONTENT_BYTES = 1024 * 1024
+WORDS = ("the harbour keeper lit a lamp while seven boats waited for tide and the village slept "
+         "under heavy rain until morning came over grey water").split()
+
+
+_LETTERS = np.frombuffer((string.ascii_letters + string.digits).encode(), dtype=np.uint8)
+_WORDS = np.array([w.encode() for w in WORDS], dtype=object)
+_CJK = np.array(list("日本語の文章と漢字、äöüß€😀"), dtype=object)
+
+
+def hostile_content(kind: str, n: int, rng: np.random.Generator) -> bytes:
+    """`n` bytes of one kind, different on every call; made with numpy so that the load generator
+    spends milliseconds, not the stack's cores, on a megabyte."""
+    if kind == "no spaces":
+        return _LETTERS[rng.integers(0, len(_LETTERS), n)].tobytes()
+    if kind == "ordinary text":
+        words = _WORDS[rng.integers(0, len(_WORDS), n // 4)]
+        ends = rng.random(len(words)) < 0.08
+        return b" ".join(w + b"." if e else w for w, e in zip(words, ends))[:n].ljust(n, b".")
+    if kind == "multi-byte":
+        return "".join(_CJK[rng.integers(0, len(_CJK), n // 3)]).encode()[:n].ljust(n, b".")
+    if kind == "NUL bytes":
+        return b"\x00".join(_WORDS[rng.integers(0, len(_WORDS), n // 4)])[:n].ljust(n, b"\x00")
+    raise ValueError(kind)
+
+
+KINDS = ("no spaces", "ordinary text", "multi-byte", "NUL bytes")
+
+
+class Phase:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.latencies_ms: list[float] = []
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.span = 0.0
+
+
+async def run(stack: Stack, worker: ServerMetrics, rate: float, seconds: float, attackers: int) -> dict[str, object]:
+    channel = grpc.aio.insecure_channel(stack.address, options=[("grpc.max_send_message_length", 16 << 20)])
+    stub = context_pb2_grpc.ContextEngineStub(channel)
+    victim = (("authorization", f"Bearer {stack.token('org-b')}"),)
+    attacker = (("authorization", f"Bearer {stack.token('org-a')}"),)
+    loop = asyncio.get_running_loop()
+    counter = iter(range(10**9))
+
+    async def warm_up() -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                await stub.IngestEvent(pb.IngestEventRequest(scope=pb.ScopePath(org_id="org-b"), session_id="warm",
+                                                             event_type="message", content=b"warm"), metadata=victim)
+                return
+            except grpc.aio.AioRpcError:
+                if time.monotonic() > deadline:
+                    raise
+
+    def victim_call(phase: Phase):
+        async def issue(since: float) -> float:
+            n = next(counter)
+            request = pb.IngestEventRequest(scope=pb.ScopePath(org_id="org-b"), session_id=f"b-{n % 8}",
+                                            event_type="message", content=f"small message {n} from org B".encode())
+            try:
+                await stub.IngestEvent(request, metadata=victim, timeout=60)
+                phase.latencies_ms.append((loop.time() - since) * 1000)
+            except grpc.aio.AioRpcError as exc:
+                phase.errors[exc.code().name] += 1
+            return loop.time()
+        return issue
+
+    outcomes: collections.Counter[str] = collections.Counter()
+    attacker_ms: list[float] = []
+    rng = np.random.default_rng(11)
+
+    async def attacker_call(since: float) -> float:
+        n = next(counter)
+        kind = KINDS[n % len(KINDS)]
+        request = pb.IngestEventRequest(scope=pb.ScopePath(org_id="org-a"), session_id=f"a-{n % 4}",
+                                        event_type="tool_output", content=hostile_content(kind, CONTENT_BYTES, rng))
+        started = loop.time()
+        try:
+            await stub.IngestEvent(request, metadata=attacker, timeout=120)
+            outcomes[f"{kind}: OK"] += 1
+            attacker_ms.append((loop.time() - started) * 1000)
+        except grpc.aio.AioRpcError as exc:
+            outcomes[f"{kind}: {exc.code().name}"] += 1
+        return loop.time()
+
+    await warm_up()
+    roles = process_roles(stack)
+    cpu: dict[str, dict[str, float]] = {}
+    worker_report: dict[str, list[str]] = {}
+    quiet = Phase("quiet")
+    before, metrics = {role: _cpu_seconds(pids) for role, pids in roles.items()}, worker.snapshot()
+    await drive_open_loop(quiet, victim_call(quiet), rate, seconds)
+    cpu["quiet"] = {role: (_cpu_seconds(pids) - before[role]) / max(quiet.span, 1e-9) for role, pids in roles.items()}
+    worker_report["quiet"] = worker_lines(worker, metrics, worker.snapshot(), quiet.span)
+    hostile = Phase("hostile")
+    attack = Phase("attack")
+    before, metrics = {role: _cpu_seconds(pids) for role, pids in roles.items()}, worker.snapshot()
+    await asyncio.gather(drive_open_loop(hostile, victim_call(hostile), rate, seconds),
+                         drive_closed_loop(attack, attacker_call, attackers, seconds))
+    cpu["hostile"] = {role: (_cpu_seconds(pids) - before[role]) / max(hostile.span, 1e-9)
+                      for role, pids in roles.items()}
+    worker_report["hostile"] = worker_lines(worker, metrics, worker.snapshot(), hostile.span)
+    await channel.close()
+    return {"quiet": quiet, "hostile": hostile, "outcomes": outcomes, "attacker_ms": attacker_ms, "cpu": cpu,
+            "worker": worker_report}
+
+
+def process_roles(stack: Stack) -> dict[str, list[int]]:
+    """The stack's processes by what they run: api, worker, postgres, broker, other."""
+    roles: dict[str, list[int]] = collections.defaultdict(list)
+    for pid in stack_pids(stack):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        role = ("api" if " serve api" in cmd else "worker" if cmd.rstrip().endswith(" worker") else
+                "detector" if " serve detector" in cmd else "broker" if "tansu" in cmd else
+                "postgres" if "postgres" in cmd else "up")
+        roles[role].append(pid)
+    return dict(roles)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of each phase")
+    parser.add_argument("--rate", type=float, default=20.0, help="org B's calls/s")
+    parser.add_argument("--attackers", type=int, default=2, help="org A's concurrent clients")
+    add_setting_option(parser)
+    args = parser.parse_args()
+    settings = stack_settings(args)
+    home = pathlib.Path(tempfile.mkdtemp(prefix="context-engine-hostile-"))
+    worker = ServerMetrics([free_port()])
+    settings.setdefault("CONTEXT_ENGINE_WORKER_METRICS_PORT", str(worker.ports[0]))
+    stack = Stack(home, settings=settings)
+    try:
+        stack.wait_serving()
+        wait_quiet(stack)
+        result = asyncio.run(run(stack, worker, args.rate, args.seconds, args.attackers))
+    finally:
+        stack.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+    print(f"machine: {machine()}; {load_average()} at the end")
+    print(f"settings: org B {args.rate:g} IngestEvent/s (~30 B, Poisson) for {args.seconds:g} s per phase; "
+          f"org A {args.attackers} closed-loop clients of {CONTENT_BYTES:,} B contents ({', '.join(KINDS)}); "
+          "embedded PostgreSQL 18 + tansu, 4 partitions, ack after archive+projection"
+          + "".join(f", {k}={v}" for k, v in settings.items()))
+    print(f"{'org B':<10}{'calls':>7}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'max ms':>9}  errors  "
+          "CPU (cores) by process")
+    for name in ("quiet", "hostile"):
+        phase: Phase = result[name]  # type: ignore[assignment]
+        ms = phase.latencies_ms
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(phase.errors.items())) or "0"
+        cpu = result["cpu"][name]  # type: ignore[index]
+        print(f"{name:<10}{len(ms):>7}{percentile(ms, 50):>9.1f}{percentile(ms, 95):>9.1f}{percentile(ms, 99):>9.1f}"
+              f"{max(ms, default=float('nan')):>9.1f}  {errors:<7} "
+              + " ".join(f"{role} {v:.2f}" for role, v in sorted(cpu.items())) + f" = {sum(cpu.values()):.2f}")
+    quiet, hostile = result["quiet"], result["hostile"]
+    ratio = percentile(hostile.latencies_ms, 99) / percentile(quiet.latencies_ms, 99)  # type: ignore[union-attr]
+    print(f"org B p99 hostile / quiet: {ratio:.2f}x (goal <= 2x)")
+    for name, lines in result["worker"].items():  # type: ignore[union-attr]
+        for line in lines:
+            print(f"{name}: {line}")
+    attacker_ms = result["attacker_ms"]
+    print("org A outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(result["outcomes"].items())))  # type: ignore[union-attr]
+    if attacker_ms:
+        print(f"org A ack ms: p50 {percentile(attacker_ms, 50):.0f}  p95 {percentile(attacker_ms, 95):.0f}  "  # type: ignore[arg-type]
+              f"({len(attacker_ms) / args.seconds:.2f} MiB/s acknowledged)")  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()
