@@ -6,14 +6,18 @@ Agents:
   then applied to the read models, then the batch is announced with NOTIFY so the API can
   acknowledge the commands that wrote it. Writes are idempotent on event_id, so redelivery (a
   crash before the offset commit, a broker that lost its committed offsets) changes nothing.
-  Chunks the batch added without a known vector are published as EmbeddingJobs.
+  Chunks the batch added without a known vector are published as EmbeddingJobs. A record it
+  cannot apply is set aside (rejected_events) and the rest of the batch commits; a failure that
+  is not an event's own retries the whole batch.
+- `chunk-indexer` — the chunks of contents over 64 KiB, after the projector's commit
+  (projections/deferred_indexing.py).
 - `embedding-pipeline` — EmbeddingJobs -> `embedding.recorded` events (streams/embedding_pipeline.py).
 - `reindex-worker` — ReindexJobs: re-embed a scope with the running model.
 - `baseline-calculator` — BaselineMetricEvents -> savings per org and model
   (projections/savings_projection.py).
 - `pii-scanner` — PII scans of pushed memory -> `memory.scrubbed` events (streams/pii_scanner.py).
-- a timer sweeps work asked for and not done (chunks without a vector, memory whose PII scan is
-  still pending: a job lost in a crash): everything at start, then every `SWEEP_INTERVAL_S` what
+- a timer sweeps work asked for and not done (indexing still requested, chunks without a vector,
+  memory whose PII scan is still pending: a job lost in a crash): everything at start, then every `SWEEP_INTERVAL_S` what
   is older than `SWEEP_MIN_AGE_S`.
 
 Timeouts follow what measured well on the bundled broker (shared/ENVIRONMENT.md): a short
