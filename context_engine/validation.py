@@ -89,6 +89,10 @@ def name(value: str, field: str) -> str:
         raise InvalidArgument(field, "is required")
     if len(value) > MAX_NAME:
         raise InvalidArgument(field, f"is {len(value)} characters; at most {MAX_NAME}")
+    return _without_refused_characters(value, field)
+
+
+def _without_refused_characters(value: str, field: str) -> str:
     if (bad := refused_character(value)) is not None:
         raise InvalidArgument(field, f"holds {bad}: control, format and line or paragraph separator "
                                      "characters are not allowed")
@@ -99,10 +103,7 @@ def label(value: str, field: str, limit: int = MAX_LABEL) -> str:
     """An optional free-text value: may be empty; at most `limit` characters, none refused."""
     if len(value) > limit:
         raise InvalidArgument(field, f"must be at most {limit} characters")
-    if (bad := refused_character(value)) is not None:
-        raise InvalidArgument(field, f"holds {bad}: control, format and line or paragraph separator "
-                                     "characters are not allowed")
-    return value
+    return _without_refused_characters(value, field)
 
 
 def version_hash(value: str, field: str) -> str:

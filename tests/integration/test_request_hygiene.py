@@ -21,6 +21,7 @@ from context_engine.config import Settings
 from context_engine.inference.detector.server import build_detector_server, start_detector
 from context_engine.inference.detector.settings import DetectorSettings
 from tests.fixtures.engine import unique
+from tests.integration.test_session_write_path import archived_count
 
 pytestmark = pytest.mark.integration
 
@@ -154,16 +155,6 @@ async def test_undecodable_detector_bodies_are_invalid_argument_and_echo_nothing
 
 
 # -- identifiers -------------------------------------------------------------------------------------
-
-async def archived_count(engine, org: str) -> int:
-    """Events the org's commands wrote (not the workers' derived ones)."""
-    conn = await asyncpg.connect(engine.settings.database_url)
-    try:
-        return await conn.fetchval("SELECT count(*) FROM event_archive WHERE org_id = $1 "
-                                   "AND type NOT IN ('embedding.recorded', 'memory.scrubbed')", org)
-    finally:
-        await conn.close()
-
 
 async def snapshot_names(engine, org: str) -> list[str]:
     conn = await asyncpg.connect(engine.settings.database_url)
