@@ -43,6 +43,7 @@ MAX_IDEMPOTENCY_KEY = 128
 MAX_METADATA_ENTRIES = 64
 MAX_METADATA_KEY = 128
 MAX_METADATA_VALUE = 4096
+DOMAIN_KEY = "domain"  # metadata["domain"]: the chunks' retrieval domain (projections/chunk_projection.py)
 
 # \A and \Z: safe with .match as well as .fullmatch (scope.ID_PATTERN re-exports it).
 ID_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")
@@ -151,7 +152,8 @@ def content(value: bytes, limit: int, field: str = "content") -> bytes:
 def metadata(value: Mapping[str, str], field: str = "metadata") -> dict[str, str]:
     """At most 64 entries; a key is a name (1-128 characters, none refused); a value at most 4,096
     characters of anything but NUL, which PostgreSQL's text and JSON cannot hold (content, which
-    is bytes, may hold NUL)."""
+    is bytes, may hold NUL); `domain`'s value a label (at most 128 characters, none refused): it
+    is a key of the retrieval statistics, which an index row bounds."""
     if len(value) > MAX_METADATA_ENTRIES:
         raise InvalidArgument(field, f"has {len(value)} entries; at most {MAX_METADATA_ENTRIES}")
     for key, item in value.items():
@@ -164,4 +166,6 @@ def metadata(value: Mapping[str, str], field: str = "metadata") -> dict[str, str
             raise InvalidArgument(f"{field}[{key}]", f"is longer than {MAX_METADATA_VALUE} characters")
         if "\x00" in item:
             raise InvalidArgument(f"{field}[{key}]", "holds U+0000 (NUL), which a metadata value may not")
+    if DOMAIN_KEY in value:  # retrieval's domain filter: a label, as Search.domain is
+        label(value[DOMAIN_KEY], f"{field}[{DOMAIN_KEY}]")
     return dict(value)

@@ -77,6 +77,7 @@ version, Event.content_hash); after a rollback the next item chains from the tar
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -104,6 +105,7 @@ from context_engine.events import (
     EventDecodeError,
     decode,
 )
+from context_engine.errors import InvalidArgument, unavailable_cause
 from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
 from context_engine.projections.database import require_standard_strings, set_config_sql, sql_literal
 from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
@@ -207,20 +209,38 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
                                    "SAVEPOINT org_batch")
             try:
                 await _project_org(conn, org_id, records, events, indexes, results, bulk)
-            except EVENT_FAULTS:
+            except Exception as exc:  # noqa: BLE001 - whatever is not the infrastructure's is an event's
+                if is_infrastructure_failure(exc):
+                    raise
                 await conn.execute("ROLLBACK TO SAVEPOINT org_batch")
                 for i in indexes:  # the slow path: find the events that fail, keep the rest
                     await conn.execute("SAVEPOINT one_event")
                     try:
                         await _project_org(conn, org_id, records, events, [i], results, bulk)
-                    except EVENT_FAULTS as exc:
+                    except Exception as exc:  # noqa: BLE001
+                        if is_infrastructure_failure(exc):
+                            raise
                         await conn.execute("ROLLBACK TO SAVEPOINT one_event")
                         rejections.append(_rejection(records[i], exc, events[i]))
                         results[i] = rejections[-1].applied
                     await conn.execute("RELEASE SAVEPOINT one_event")
-        if rejections:
-            await _set_aside(conn, rejections)
+        new = await _set_aside(conn, rejections) if rejections else set()
+    for r in rejections:  # said once it is committed, and only the first time
+        if sha256_hex(r.raw) in new:
+            PROJECTOR_REJECTED_EVENTS.inc()
+            log.warning("event set aside", org_id=r.applied.org_id, event_id=r.applied.event_id or None,
+                        position=_where_applied(r.applied), reason=r.reason)
     return [r for r in results if r is not None]
+
+
+def is_infrastructure_failure(exc: BaseException) -> bool:
+    """A failure that is not the event's doing, so the batch is tried again instead of anything
+    being set aside: PostgreSQL or the broker unreachable or going away, a serialization failure
+    or deadlock, a cancelled statement, no memory. Anything else an event caused."""
+    return (unavailable_cause(exc) is not None
+            or isinstance(exc, (asyncpg.TransactionRollbackError, asyncpg.QueryCanceledError,
+                                asyncpg.InsufficientResourcesError, asyncpg.InterfaceError,
+                                asyncpg.InternalClientError, OSError, asyncio.TimeoutError, MemoryError)))
 
 
 async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[LogRecord],
@@ -262,12 +282,6 @@ async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[
             results[i] = dataclasses.replace(r, jobs=(*r.jobs, *jobs))
 
 
-# What an event itself can cause while it is applied: a payload the code or the database cannot
-# take (a NUL in a text column, an unstorable value, a broken constraint). Anything else (the
-# connection, the server going away) fails the whole batch, which the worker retries.
-EVENT_FAULTS = (ProjectionError, KeyError, TypeError, ValueError, binascii.Error, UnicodeError,
-                OverflowError, asyncpg.DataError, asyncpg.IntegrityConstraintViolationError,
-                asyncpg.ProgramLimitExceededError)
 MAX_REASON_CHARS = 500
 
 
@@ -282,10 +296,7 @@ class Rejection:
 
 def _rejection(rec: LogRecord, exc: BaseException, ev: Event | None = None) -> Rejection:
     org_id, event_id = (ev.scope.org_id, ev.event_id) if ev is not None else _claimed_identity(rec.raw)
-    reason = f"{type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
-    log.warning("event set aside", org_id=org_id, event_id=event_id or None, position=_where(rec),
-                reason=reason)
-    PROJECTOR_REJECTED_EVENTS.inc()
+    reason = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"[:MAX_REASON_CHARS]
     applied = Applied(event_id, ev.type if ev is not None else "", org_id, rec.topic, rec.partition,
                       rec.offset, REJECTED, _session_id(ev) if ev is not None else None)
     return Rejection(applied, bytes(rec.raw), reason)
@@ -296,10 +307,10 @@ def _claimed_identity(raw: bytes) -> tuple[str, str]:
     waiting command (if any) gets its answer: (SYSTEM_ORG, "") when it names none."""
     try:
         data = orjson.loads(raw)
-        org_id = data["scope"]["org_id"]
-        event_id = str(uuid.UUID(data["event_id"]))
+        org_id, event_id = data["scope"]["org_id"], data["event_id"]
     except Exception:  # noqa: BLE001 - anything at all may be on the topic
         return SYSTEM_ORG, ""
+    event_id = event_id if _canonical_uuid(event_id) else ""
     if not isinstance(org_id, str) or not ID_PATTERN.fullmatch(org_id):
         return SYSTEM_ORG, event_id
     return org_id, event_id
@@ -310,18 +321,32 @@ INSERT INTO rejected_events (record_sha256, org_id, event_id, topic, partition, 
 SELECT u.* FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::int[], $6::bigint[],
                        $7::text[], $8::bytea[]) AS u
 ON CONFLICT (record_sha256) DO NOTHING
+RETURNING record_sha256
 """
 
 
-async def _set_aside(conn: asyncpg.Connection, rejections: list[Rejection]) -> None:
+async def _set_aside(conn: asyncpg.Connection, rejections: list[Rejection]) -> set[str]:
+    """Store the batch's rejections; returns the digests of those not stored before. A rejection
+    whose claimed identity PostgreSQL will not take is stored as nobody's (SYSTEM_ORG, no id)."""
     by_org: dict[str, list[Rejection]] = {}
     for r in rejections:
         by_org.setdefault(r.applied.org_id, []).append(r)
+    new: set[str] = set()
     for org_id, items in by_org.items():
-        await _set_org(conn, org_id)
-        await conn.execute(_SET_ASIDE, *_columns(
-            ((sha256_hex(r.raw), org_id, r.applied.event_id or None, r.applied.topic, r.applied.partition,
-              r.applied.offset, r.reason.replace("\x00", "\\0"), r.raw) for r in items), 8))
+        rows = [(sha256_hex(r.raw), org_id, r.applied.event_id or None, r.applied.topic, r.applied.partition,
+                 r.applied.offset, r.reason.replace("\x00", "\\0"), r.raw) for r in items]
+        await conn.execute(f"{set_config_sql({'app.org_id': org_id})};\nSAVEPOINT set_aside")
+        try:
+            stored = await conn.fetch(_SET_ASIDE, *_columns(rows, 8))
+        except Exception as exc:  # noqa: BLE001
+            if is_infrastructure_failure(exc):
+                raise
+            await conn.execute(f"ROLLBACK TO SAVEPOINT set_aside;\n{set_config_sql({'app.org_id': SYSTEM_ORG})}")
+            stored = await conn.fetch(_SET_ASIDE, *_columns(
+                ((d, SYSTEM_ORG, None, *rest) for d, _org, _id, *rest in rows), 8))
+        await conn.execute("RELEASE SAVEPOINT set_aside")
+        new.update(r["record_sha256"] for r in stored)
+    return new
 
 
 async def load_offsets(conn: asyncpg.Connection, projector: str = PROJECTOR) -> dict[tuple[str, int], int]:
@@ -341,21 +366,38 @@ def _where(rec: LogRecord) -> str:
     return f"{rec.topic}[{rec.partition}]@{rec.offset}"
 
 
+def _where_applied(a: Applied) -> str:
+    return f"{a.topic}[{a.partition}]@{a.offset}"
+
+
 def _decode(rec: LogRecord) -> Event:
     """Decode and check the envelope fields the archive and the chain rely on."""
     try:
         ev = decode(rec.raw)
-        uuid.UUID(ev.event_id)
+        if not _canonical_uuid(ev.event_id):
+            raise ValueError("event_id is not a UUID in its canonical form")
         ev.occurred  # noqa: B018 - parses occurred_at
         if not isinstance(ev.payload, dict):
             raise ValueError("payload is not an object")
-        if not ev.scope.org_id:
-            raise ValueError("scope.org_id is empty")
+        # What the API would have accepted as a caller's scope: every id the validator's shape
+        # (no NUL, no '_system'), no gaps; and the fields the archive stores as text are text.
+        sc = ev.scope
+        Scope.parse(*(x if isinstance(x, str) else str(type(x)) + "!" for x in
+                      (sc.org_id, sc.pillar_id, sc.team_id, sc.agent_id)))
+        if not (isinstance(ev.actor, str) and isinstance(ev.aggregate, str)):
+            raise ValueError("actor and aggregate must be strings")
         if not is_sha256_hex(ev.content_hash):
             raise ValueError("content_hash is not a lowercase hex SHA-256")
-    except (EventDecodeError, ValueError, TypeError, AttributeError) as exc:
-        raise ProjectionError(f"cannot decode {_where(rec)}: {exc}") from exc
+    except (EventDecodeError, InvalidArgument, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise ProjectionError(f"cannot decode {_where(rec)}: {getattr(exc, 'message', exc)}") from exc
     return ev
+
+
+def _canonical_uuid(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
 
 
 def _session_id(ev: Event) -> str | None:

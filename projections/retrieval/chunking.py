@@ -266,15 +266,16 @@ def chunk_content(source_event_id: str, content: Any, *, content_type: str = "te
             content = bytes(content).decode("utf-8")
         except UnicodeDecodeError:
             return []  # binary content is stored and returned as it is, never retrieved as text
+    raw_text = content if isinstance(content, str) else None
     if isinstance(content, str) and content_type.split(";")[0].strip().lower().endswith("json"):
         try:
             content = json.loads(content)
-        except ValueError:
-            pass  # not actually JSON: index the text as it is
-    if isinstance(content, (dict, list, tuple)):
-        text = json_text(content)
-    elif isinstance(content, str):
-        text = content
-    else:
-        text = json_text(content)
+        except (ValueError, RecursionError):
+            pass  # not actually JSON (or nested deeper than the parser goes): index the text as it is
+    try:
+        text = content if isinstance(content, str) else json_text(content)
+    except RecursionError:  # JSON nested deeper than its leaves can be walked: index the text as it is
+        if raw_text is None:
+            raise
+        text = raw_text
     return chunk_text(source_event_id, text, max_tokens=max_tokens, overlap_tokens=overlap_tokens)

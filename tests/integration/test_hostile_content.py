@@ -120,6 +120,8 @@ async def test_the_largest_content_with_the_largest_metadata_fits_the_log(engine
     ({"k\x00ey": "value"}, "metadata"),
     ({"line\u2028break": "value"}, "metadata"),
     ({"tab\tkey": "value"}, "metadata"),
+    ({"domain": "d" * 129}, "metadata[domain]"),  # a key of the statistics' index rows
+    ({"domain": "line\nbreak"}, "metadata[domain]"),
 ])
 async def test_metadata_postgresql_cannot_hold_is_refused_before_the_append(engine, metadata, field):
     org = unique("meta")

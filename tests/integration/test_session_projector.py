@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import random
 import uuid
 import zlib
@@ -289,6 +290,14 @@ def _poison(org: str) -> dict[str, bytes | Event]:
         "NUL in metadata": nul_metadata,
         "no content": no_content,
         "content not base64": bad_base64,
+        "org id with a NUL": orjson.dumps({**ingest(org, "s", "z").to_dict(), "scope": {"org_id": "a\u0000b"}}),
+        "org id a number": orjson.dumps({**ingest(org, "s", "z").to_dict(), "scope": {"org_id": 7}}),
+        "org id a list": orjson.dumps({**ingest(org, "s", "z").to_dict(), "scope": {"org_id": ["x"]}}),
+        "org id with a quote": orjson.dumps({**ingest(org, "s", "z").to_dict(), "scope": {"org_id": "o'brien"}}),
+        "the system org": orjson.dumps({**ingest(org, "s", "z").to_dict(), "scope": {"org_id": "_system"}}),
+        "event id in braces": orjson.dumps({**ingest(org, "s", "z").to_dict(),
+                                           "event_id": "{" + str(uuid.uuid4()) + "}"}),
+        "event id as a URN": orjson.dumps({**ingest(org, "s", "z").to_dict(), "event_id": uuid.uuid4().urn}),
     }
 
 
@@ -329,6 +338,29 @@ async def test_a_record_that_cannot_be_applied_is_set_aside_and_takes_nothing_wi
         == len(_poison(attacker))
 
 
+async def test_json_nested_deeper_than_a_parser_goes_is_indexed_as_text(conn: asyncpg.Connection) -> None:
+    """Content starting with "[" is read as JSON; nested thousands deep, json.loads or the walk of
+    its leaves gives up with a RecursionError, which stalled the partition. Now it is text, inline
+    and deferred alike."""
+    from context_engine.projections import deferred_indexing
+
+    org, log = new_org(), Log()
+    deep = [b"[" * n + b"]" * n for n in (2_000, 40_000)]  # 4 KB inline; 80 KB after the commit
+    events = []
+    for content in deep:
+        ev = ingest(org, "s", "x")
+        events.append(Event(ev.type, ev.scope, ev.aggregate, ev.actor,
+                            {**ev.payload, "content_b64": base64.b64encode(content).decode(),
+                             "content_sha256": sha256_hex(content)}))
+    assert [a.outcome for a in await apply_batch(conn, log.append(*events))] == [APPLIED, APPLIED]
+    await deferred_indexing.index_requested(conn, org, events[1].event_id)
+    sources = await in_org(conn, org, lambda c, o: c.fetch(
+        "SELECT source_event_id, count(*) AS n, min(content) AS first FROM chunks WHERE org_id = $1 "
+        "GROUP BY source_event_id", o))
+    assert {str(r["source_event_id"]) for r in sources} == {e.event_id for e in events}
+    assert all(r["first"].startswith("[[[") for r in sources)
+
+
 async def test_content_with_nul_and_binary_bytes_is_stored_verbatim(conn: asyncpg.Connection) -> None:
     org, log = new_org(), Log()
     contents = [b"a\x00b\x00c", bytes(range(256)), "naïve \x07 bell".encode()]
@@ -348,7 +380,7 @@ async def test_content_with_nul_and_binary_bytes_is_stored_verbatim(conn: asyncp
 async def test_a_batch_of_several_orgs_with_quotes_in_its_names_is_written_and_announced(
         conn: asyncpg.Connection, db_url: str) -> None:
     """The batch's offsets, org settings and NOTIFYs are sent as literals: quotes must not matter."""
-    orgs = [f"o'brien-{uuid.uuid4().hex[:6]}", new_org()]
+    orgs = [new_org(), new_org()]  # an org id cannot hold a quote (the validator), a topic can
     topic = f"it's-{uuid.uuid4().hex[:6]}"
     events = [ingest(orgs[0], "s", "first"), ingest(orgs[1], "s", "second"), ingest(orgs[0], "s", "third")]
     records = [LogRecord(topic, 0, 7, events[0].to_bytes()), LogRecord(topic, 1, 3, events[1].to_bytes()),
@@ -849,3 +881,18 @@ async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it
         await _drop_db(postgres_url, name)
     assert {t: len(v) for t, v in replayed.items()} == {t: len(v) for t, v in live.items()}
     assert replayed == live
+
+
+async def test_an_indexing_request_that_keeps_failing_is_given_up_with_its_error(conn: asyncpg.Connection) -> None:
+    from context_engine.projections import deferred_indexing
+
+    org, log = new_org(), Log()
+    long = ingest(org, "s", "lamp " * 5_000)
+    await apply_batch(conn, log.append(long))
+    for n in range(1, deferred_indexing.MAX_ATTEMPTS + 1):
+        assert await deferred_indexing.record_failure(conn, org, long.event_id, RuntimeError(f"try {n}")) == n
+    assert org not in await deferred_indexing.backlog(conn, older_than=dt.timedelta(0))
+    assert await deferred_indexing.index_requested(conn, org, long.event_id) == {}
+    row = await in_org(conn, org, lambda c, o: c.fetchrow(
+        "SELECT attempts, last_error FROM indexing_requests WHERE org_id = $1", o))
+    assert (row["attempts"], row["last_error"]) == (deferred_indexing.MAX_ATTEMPTS, "RuntimeError: try 5")
