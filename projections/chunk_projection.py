@@ -45,7 +45,8 @@ from pgvector import Vector
 
 from context_engine.projections.retrieval.bm25 import B, K1, DocumentTerms, term_frequencies
 from context_engine.projections.retrieval.chunking import Chunk, chunk_content
-from context_engine.projections.statement_batch import StatementBatch
+from context_engine.projections.statement_batch import NOTHING, StatementBatch
+from context_engine.validation import MAX_LABEL, refused_character
 
 SEMANTIC = "semantic"
 DOMAIN_KEY = "domain"
@@ -74,10 +75,20 @@ def _content_type(content: bytes, metadata: dict[str, Any]) -> str:
     return "application/json" if head in (b"{", b"[") else "text/plain"
 
 
+def _domain(metadata: dict[str, Any]) -> str:
+    """The chunks' domain: metadata["domain"], or none when it is not what the API accepts (a
+    label: validation.metadata) — a record written to the log by other means must neither fail
+    on the statistics' index nor be indexed differently live and on replay."""
+    value = metadata.get(DOMAIN_KEY)
+    if not isinstance(value, str) or len(value) > MAX_LABEL or refused_character(value) is not None:
+        return ""
+    return value
+
+
 # Contents longer than this are indexed after the projector's commit, and cut on a thread: one
-# tenant's megabyte (0.8-1 s of chunking and postings) must not hold up the acknowledgements of
-# every event batched with it or behind it.
-INLINE_INDEX_BYTES = 64 * 1024
+# tenant's megabyte (0.8-1 s of chunking and postings), or 64 KiB (25-64 ms), must not hold up the
+# acknowledgements of every event batched with it or behind it. A conversation turn is shorter.
+INLINE_INDEX_BYTES = 8 * 1024
 
 
 async def analyse(event_id: str, content: bytes, metadata: dict[str, Any]) -> list[tuple[Chunk, DocumentTerms]]:
@@ -153,7 +164,7 @@ class ChunkProjection:
                      session_id: str | None, scope_path: str, metadata: dict[str, Any], created_at: dt.datetime,
                      pii_status: str = "clear", active: bool = True, added_by: str | None = None) -> None:
         """`add` of chunks already cut and analysed (`analyse`)."""
-        domain = str(metadata.get(DOMAIN_KEY) or "")
+        domain = _domain(metadata)
         searchable = active and pii_status == "clear"
         meta_json = orjson.dumps(metadata).decode()
         for c, doc in analysed:
@@ -176,8 +187,10 @@ class ChunkProjection:
     async def flush(self) -> None:
         """Write pending chunks, each with the latest vector already recorded for its content."""
         batch = StatementBatch()
-        if (select := self.stage(batch)) is not None:
-            await self.written(await batch.run(self.conn, select))
+        select = self.stage(batch)
+        rows = await batch.run(self.conn, select or NOTHING)  # statistics alone, too
+        if select is not None:
+            await self.written(rows)
 
     def stage(self, batch: StatementBatch) -> str | None:
         """Queue the pending chunk writes on `batch` (the session projector sends its own rows in
@@ -191,6 +204,7 @@ class ChunkProjection:
                       *(list(c) for c in zip(*((k, uuid.UUID(b), t) for k, b, t in deferred.values()))))
         pending, self.pending = self.pending, _PendingChunks()
         if not pending:
+            self._stage_statistics(batch, pending)
             return None
         cols = list(zip(*pending.chunks))
         inserted = batch.add(_INSERT_CHUNKS, self.org_id, *[list(c) for c in cols])
@@ -199,12 +213,32 @@ class ChunkProjection:
         else:
             tcols = list(zip(*pending.terms)) if pending.terms else [[] for _ in _POSTING_COLUMNS]
             batch.add(_INSERT_POSTINGS, self.org_id, *[list(c) for c in tcols[1:]])
-        if not self.bulk:
-            if rows := [(s, d, *totals) for (s, d), totals in pending.stats.items()]:
-                batch.add(_ADD_CORPUS_STATS, self.org_id, *(list(c) for c in zip(*rows)))
-            if rows := [(s, d, t, n) for (s, d, t), n in pending.term_df.items()]:
-                batch.add(_ADD_TERM_STATS, self.org_id, *(list(c) for c in zip(*rows)))
+        self._stage_statistics(batch, pending)
         return f"SELECT chunk_id, content_hash, awaiting_vector FROM {inserted}"
+
+    def _stage_statistics(self, batch: StatementBatch, pending: _PendingChunks) -> None:
+        """The statistics deltas, in key order: every writer of these rows takes their locks in
+        one order (the projector and the chunk indexer write them concurrently)."""
+        if self.bulk:
+            return
+        if rows := sorted((s, d, *totals) for (s, d), totals in pending.stats.items()):
+            batch.add(_ADD_CORPUS_STATS, self.org_id, *(list(c) for c in zip(*rows)))
+        if rows := sorted((s, d, t, n) for (s, d, t), n in pending.term_df.items()):
+            batch.add(_ADD_TERM_STATS, self.org_id, *(list(c) for c in zip(*rows)))
+
+    def take_slices(self, size: int) -> tuple[list[_PendingChunks], _PendingChunks]:
+        """Split what is pending into slices of at most `size` chunks with their postings, and
+        the statistics deltas of them all: to write the slices one statement each, and the
+        statistics last, so that their row locks are held for the commit only."""
+        pending, self.pending = self.pending, _PendingChunks()
+        slice_of = {row[0]: i // size for i, row in enumerate(pending.chunks)}
+        slices = [_PendingChunks() for _ in range(-(-len(pending.chunks) // size))]
+        for row in pending.chunks:
+            slices[slice_of[row[0]]].chunks.append(row)
+        for term in pending.terms:
+            slices[slice_of[str(term[2])]].terms.append(term)
+        statistics = _PendingChunks(stats=pending.stats, term_df=pending.term_df)
+        return slices, statistics
 
     async def written(self, inserted: Sequence[asyncpg.Record]) -> None:
         self.awaiting_vector.update((str(r["chunk_id"]), r["content_hash"]) for r in inserted if r["awaiting_vector"])
@@ -340,9 +374,11 @@ class ChunkProjection:
 
 _REQUEST_INDEXING = """
 INSERT INTO indexing_requests (org_id, source_event_id, source_kind, added_by, requested_at)
-SELECT $1, u.* FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::timestamptz[]) AS u
+SELECT $1, u.event_id, u.kind, u.added_by, now() FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::timestamptz[])
+    AS u(event_id, kind, added_by, created_at)
 ON CONFLICT (org_id, source_event_id) DO UPDATE
-SET source_kind = EXCLUDED.source_kind, added_by = EXCLUDED.added_by, requested_at = EXCLUDED.requested_at
+SET source_kind = EXCLUDED.source_kind, added_by = EXCLUDED.added_by, requested_at = EXCLUDED.requested_at,
+    attempts = 0, last_error = NULL
 """
 _INSERT_POSTINGS = """
 INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable, impact)

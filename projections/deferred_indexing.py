@@ -8,13 +8,18 @@ an indexing job; the worker's chunk indexer then, per source:
 
 1. reads the content and cuts its chunks, on a background thread below the projector's
    priority, without holding any lock;
-2. in one transaction: takes the request row (FOR UPDATE) and the source row (FOR SHARE, so a
-   rollback or a new PII scan of that source waits for this commit, or has committed before and
-   is seen), checks that the request is still the one it read (a rescan replaces a memory's
-   request), writes the chunks with the source's current `active` flag and PII status, 256 to
-   a statement (so that the event loop the projector shares is never held long), and deletes
-   the request;
-3. after the commit, asks for the embeddings of the new chunks.
+2. builds every row there too, with the source's state as read;
+3. in one transaction: takes the source row (FOR SHARE, so a rollback or a new PII scan of that
+   source waits for this commit, or has committed before and is seen) and then the request row
+   (FOR UPDATE), checks that neither changed since step 1 (else builds again), writes the chunks
+   256 to a statement (so that the event loop the projector shares is never held long) and the
+   statistics deltas last (their row locks are held for the commit only), and deletes the
+   request;
+4. after the commit, asks for the embeddings of the new chunks.
+
+A try that fails is counted on the request (`attempts`, `last_error`); after 5 the request stays,
+tried no more, and the content is not retrievable (a deadlock with the projector, which
+PostgreSQL breaks, is retried at once and not counted).
 
 The chunks are those `ChunkProjection.add` writes in place (ids, contents, postings, statistics),
 and a bulk replay indexes every content in place, so replay reproduces them. Until step 2 commits,
@@ -49,7 +54,14 @@ def _read(kind: str, lock: bool) -> str:
             + ("" if lock else ", e.content")
             + f" FROM indexing_requests r JOIN {table} e ON e.org_id = r.org_id AND e.{key} = r.source_event_id "
               "WHERE r.org_id = $1 AND r.source_event_id = $2 AND r.source_kind = $3"
-            + (" FOR UPDATE OF r FOR SHARE OF e" if lock else ""))
+            + (" FOR UPDATE OF r" if lock else ""))
+
+
+def _lock_source(kind: str) -> str:
+    """The source row first, then (in `_read`) the request: the order of the projector's
+    rollbacks (session_events) and rescans (memory_versions, then the request)."""
+    table, key, _created, _pii = _SOURCES[kind]
+    return f"SELECT 1 FROM {table} WHERE org_id = $1 AND {key} = $2 FOR SHARE"
 
 
 async def _set_org(conn: asyncpg.Connection, org_id: str) -> None:
@@ -59,39 +71,76 @@ async def _set_org(conn: asyncpg.Connection, org_id: str) -> None:
 # Chunks written per statement: a megabyte is ~3,000 chunks and ~20,000 postings, and encoding
 # them all at once held the worker's event loop (which the projector shares) for ~0.2 s.
 SLICE_CHUNKS = 256
+MAX_ATTEMPTS = 5
+
+
+class StaleRequest(Exception):
+    """The source changed between reading it and locking it: build its rows again."""
 
 
 async def index_requested(conn: asyncpg.Connection, org_id: str, source_event_id: str, *,
                           executor: Executor | None = None) -> dict[str, list[str]]:
     """Index one requested source of `org_id` if it is still requested. Returns the chunks still
     without a vector, by the event that asked (for EmbeddingJobs); {} when there was nothing to do.
-    The Python work (cutting, analysing, building the rows) runs on `executor`, a background
-    thread below the projector's priority; the event loop only sends the slices' statements."""
+
+    Every row is built on `executor` (a background thread below the projector's priority) before
+    the writing transaction begins, with the source's state as read then; the transaction locks
+    the source, then the request (the order in which the projector's rollbacks and rescans take
+    them), checks that nothing changed, and sends the slices and, last, the statistics (their
+    row locks, which the projector takes too, are held for the commit only)."""
     source, loop = uuid.UUID(source_event_id), asyncio.get_running_loop()
-    async with conn.transaction():
-        await _set_org(conn, org_id)
-        kind = await conn.fetchval("SELECT source_kind FROM indexing_requests WHERE org_id = $1 AND source_event_id = $2",
-                                   org_id, source)
-        read = await conn.fetchrow(_read(kind, lock=False), org_id, source, kind) if kind else None
-    if read is None:
-        return {}
-    metadata = orjson.loads(read["metadata"])
-    analysed = await loop.run_in_executor(executor, analysed_chunks, str(source), bytes(read["content"]), metadata)
-    async with conn.transaction():
-        await _set_org(conn, org_id)
-        now = await conn.fetchrow(_read(kind, lock=True), org_id, source, kind)
-        if now is None or now["added_by"] != read["added_by"]:
-            return {}  # done meanwhile, or replaced by a newer request (its own job follows)
+    for _ in range(3):  # the source changed under us: build again from what it is now
+        async with conn.transaction():
+            await _set_org(conn, org_id)
+            kind = await conn.fetchval(
+                "SELECT source_kind FROM indexing_requests WHERE org_id = $1 AND source_event_id = $2 "
+                "AND attempts < $3", org_id, source, MAX_ATTEMPTS)
+            read = await conn.fetchrow(_read(kind, lock=False), org_id, source, kind) if kind else None
+        if read is None:
+            return {}
         chunks = ChunkProjection(conn, org_id, defer_long=False)
-        for start in range(0, len(analysed), SLICE_CHUNKS):
-            await loop.run_in_executor(executor, functools.partial(
-                chunks.add_analysed, analysed[start:start + SLICE_CHUNKS], event_id=str(source), source_kind=kind,
-                session_id=now["session_id"], scope_path=now["scope_path"], metadata=metadata,
-                created_at=now["created_at"], pii_status=now["pii_status"], active=now["active"],
-                added_by=str(now["added_by"])))
-            await chunks.flush()
-        await conn.execute("DELETE FROM indexing_requests WHERE org_id = $1 AND source_event_id = $2", org_id, source)
-        return chunks.unembedded()
+        slices, statistics = await loop.run_in_executor(executor, functools.partial(_rows, chunks, read, kind))
+        try:
+            async with conn.transaction():
+                await _set_org(conn, org_id)
+                await conn.execute(_lock_source(kind), org_id, source)
+                now = await conn.fetchrow(_read(kind, lock=True), org_id, source, kind)
+                if now is None:
+                    return {}  # done meanwhile
+                if (now["added_by"], now["active"], now["pii_status"]) != \
+                        (read["added_by"], read["active"], read["pii_status"]):
+                    raise StaleRequest
+                for part in (*slices, statistics):
+                    chunks.pending = part
+                    await chunks.flush()
+                await conn.execute("DELETE FROM indexing_requests WHERE org_id = $1 AND source_event_id = $2",
+                                   org_id, source)
+                return chunks.unembedded()
+        except StaleRequest:
+            continue
+    return {}
+
+
+def _rows(chunks: ChunkProjection, read: asyncpg.Record, kind: str):
+    """Cut, analyse and build the source's rows (a background thread's work)."""
+    source = str(read["source_event_id"])
+    metadata = orjson.loads(read["metadata"])
+    chunks.add_analysed(analysed_chunks(source, bytes(read["content"]), metadata), event_id=source,
+                        source_kind=kind, session_id=read["session_id"], scope_path=read["scope_path"],
+                        metadata=metadata, created_at=read["created_at"], pii_status=read["pii_status"],
+                        active=read["active"], added_by=str(read["added_by"]))
+    return chunks.take_slices(SLICE_CHUNKS)
+
+
+async def record_failure(conn: asyncpg.Connection, org_id: str, source_event_id: str, error: BaseException) -> int:
+    """Count a failed try of a request (its error kept); returns the tries so far. At
+    MAX_ATTEMPTS the request stays, with its last error, and is tried no more."""
+    async with conn.transaction():
+        await _set_org(conn, org_id)
+        return await conn.fetchval(
+            "UPDATE indexing_requests SET attempts = attempts + 1, last_error = left($3, 500) "
+            "WHERE org_id = $1 AND source_event_id = $2 RETURNING attempts",
+            org_id, uuid.UUID(source_event_id), f"{type(error).__name__}: {error}".replace("\x00", "\\0")) or 0
 
 
 async def backlog(conn: asyncpg.Connection, *, older_than: dt.timedelta) -> dict[str, list[str]]:
@@ -100,7 +149,7 @@ async def backlog(conn: asyncpg.Connection, *, older_than: dt.timedelta) -> dict
         await _set_org(conn, "_system")
         rows = await conn.fetch(
             "SELECT org_id, source_event_id FROM indexing_requests WHERE requested_at <= now() - $1::interval "
-            "ORDER BY requested_at", older_than)
+            "AND attempts < $2 ORDER BY requested_at", older_than, MAX_ATTEMPTS)
     out: dict[str, list[str]] = {}
     for r in rows:
         out.setdefault(r["org_id"], []).append(str(r["source_event_id"]))

@@ -32,12 +32,13 @@ worker starts, never implicitly by Faust.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 
 import asyncpg
 import faust
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from upsquad.context.v1 import stream_pb2
 
@@ -49,7 +50,7 @@ from context_engine.metrics import PROJECTOR_BATCH_EVENTS, PROJECTOR_BATCH_SECON
 from context_engine.projections import deferred_indexing
 from context_engine.projections.database import create_pool, transaction_state_only
 from context_engine.projections.records import LogRecord
-from context_engine.projections.session_projector import APPLIED, Applied, apply_batch
+from context_engine.projections.session_projector import APPLIED, Applied, apply_batch, is_infrastructure_failure
 from context_engine.streams import readiness
 from context_engine.streams.embedding_pipeline import EmbeddingPipeline
 from context_engine.streams.fetch_wait import AdaptiveFetchWait
@@ -209,11 +210,18 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         for org_id, sources in sources_by_org.items():
             for source in sources:
                 try:
-                    async with db.acquire() as conn:
-                        unembedded = await deferred_indexing.index_requested(conn, org_id, source,
-                                                                             executor=indexing_thread)
-                except Exception:
+                    async for attempt in AsyncRetrying(retry=retry_if_exception_type(asyncpg.TransactionRollbackError),
+                                                       stop=stop_after_attempt(3), reraise=True):
+                        with attempt:  # a deadlock with the projector, which PostgreSQL broke: again
+                            async with db.acquire() as conn:
+                                unembedded = await deferred_indexing.index_requested(
+                                    conn, org_id, source, executor=indexing_thread)
+                except Exception as exc:
                     log.exception("indexing failed; left for the sweep", org_id=org_id, source_event_id=source)
+                    if not is_infrastructure_failure(exc):
+                        with contextlib.suppress(Exception):
+                            async with db.acquire() as conn:
+                                await deferred_indexing.record_failure(conn, org_id, source, exc)
                     continue
                 for event_id, chunk_ids in unembedded.items():
                     job = embedding_job(Scope(org_id), event_id, chunk_ids)
