@@ -1,7 +1,9 @@
 """The retrieval projection: chunks, BM25 postings, corpus statistics and recorded vectors.
 
-Driven by the session projector (`session_projector._OrgApplier`) inside its transaction, so
-chunks appear atomically with the event that produced them and replay rebuilds them the same way:
+Driven by the session projector (`session_projector._OrgApplier`) inside its transaction, so the
+chunks of a content up to INLINE_INDEX_BYTES appear atomically with the event that produced them
+(a longer content's after the commit: projections/deferred_indexing.py), and replay rebuilds them
+the same way:
 
 - `session.event_ingested` -> the event's chunks (every event type);
 - `memory.scrubbed` of a semantic memory -> the memory's chunks, from the REDACTED content, with

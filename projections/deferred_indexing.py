@@ -1,6 +1,6 @@
 """Indexing a long content after the projector's commit.
 
-A content longer than `INLINE_INDEX_BYTES` (64 KiB) costs the projector ~0.8-1 s a megabyte to cut
+A content longer than `INLINE_INDEX_BYTES` (8 KiB) costs the projector ~0.8-1 s a megabyte to cut
 into chunks and write with their postings; done in the projector's transaction, that held up the
 acknowledgement of every event batched with it or behind it, whoever wrote them. So the projector
 writes the source (session_events / memory_versions) and an `indexing_requests` row, and asks for

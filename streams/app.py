@@ -9,7 +9,7 @@ Agents:
   Chunks the batch added without a known vector are published as EmbeddingJobs. A record it
   cannot apply is set aside (rejected_events) and the rest of the batch commits; a failure that
   is not an event's own retries the whole batch.
-- `chunk-indexer` — the chunks of contents over 64 KiB, after the projector's commit
+- `chunk-indexer` — the chunks of contents over 8 KiB, after the projector's commit
   (projections/deferred_indexing.py).
 - `embedding-pipeline` — EmbeddingJobs -> `embedding.recorded` events (streams/embedding_pipeline.py).
 - `reindex-worker` — ReindexJobs: re-embed a scope with the running model.
