@@ -154,9 +154,18 @@ class ErrorsAndAccessLog(grpc.aio.ServerInterceptor):
 
             return logged
 
-        if method.startswith(OPEN_SERVICES):
-            return await continuation(details)
+        if method.startswith(OPEN_SERVICES):  # probes: no access log, but no parser text either
+            return _wrap_unary(await continuation(details), _refusing_undecodable, method=method)
         return _wrap_unary(await continuation(details), around, method=method)
+
+
+def _refusing_undecodable(behavior: Behavior) -> Behavior:
+    async def checked(request, context):
+        if isinstance(request, Undecodable):
+            await context.abort_with_status(status_for(errors.UndecodableRequest(request.message_name)))
+        return await behavior(request, context)
+
+    return checked
 
 
 class Authentication(grpc.aio.ServerInterceptor):

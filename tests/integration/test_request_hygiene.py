@@ -107,6 +107,21 @@ async def test_undecodable_api_bodies_are_invalid_argument_and_echo_nothing(engi
     assert_refused_without_echo(err.value, request_type.DESCRIPTOR.full_name)
 
 
+async def test_an_undecodable_health_check_is_invalid_argument_and_echoes_nothing(engine):
+    """Health is open (probes carry no token): its body still gets no parser text back."""
+    from grpc_health.v1 import health_pb2
+
+    body = string_field(1, b"\xff" + SECRET.encode())  # HealthCheckRequest.service, not UTF-8
+    with pytest.raises(DecodeError):
+        health_pb2.HealthCheckRequest.FromString(body)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await raw_call(engine.channel, "/grpc.health.v1.Health/Check")(body)
+    assert_refused_without_echo(err.value, health_pb2.HealthCheckRequest.DESCRIPTOR.full_name)
+    ok = await raw_call(engine.channel, "/grpc.health.v1.Health/Check")(
+        health_pb2.HealthCheckRequest().SerializeToString())
+    assert health_pb2.HealthCheckResponse.FromString(ok).status == health_pb2.HealthCheckResponse.SERVING
+
+
 async def test_an_undecodable_body_writes_nothing(engine):
     org = unique("org")
     caller = engine.caller(org, clearance=4)
