@@ -102,7 +102,7 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
     validation.content(command.content, deps.settings.max_content_bytes)
     metadata = validation.metadata(command.metadata)
     # Before any work for the call: a tenant over its budget costs the others nothing more.
-    deps.write_budget.charge(principal.scope.org_id, write_bytes(command.content, metadata))
+    await deps.write_budget.charge(principal.scope.org_id, write_bytes(command.content, metadata))
     client_key, retried_id = idempotency_key(command.idempotency_key)
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
