@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import uuid
 from dataclasses import dataclass
 
 from context_engine.auth import Principal
@@ -33,7 +32,6 @@ from context_engine.projections.database import org_transaction
 from context_engine.projections.session_projector import APPLIED, OUT_OF_SCOPE
 
 EVENT_TYPES = ("message", "tool_output", "workflow_event")
-MAX_IDEMPOTENCY_KEY = 128
 IDEMPOTENCY_HEADER = "idempotency-key"
 # Keys the server issues (`event_key`), in a namespace client keys may not use.
 SERVER_KEY_PREFIX = "ce-event:"
@@ -63,16 +61,12 @@ def event_key(event_id: str) -> str:
 def idempotency_key(value: str) -> tuple[str, str | None]:
     """Check a client's `idempotency-key`: (the key, None) for a key of the client's own, ("", event
     id) for a key the server issued (`event_key`). Shared by IngestEvent and PushContext."""
-    if len(value) > MAX_IDEMPOTENCY_KEY:
-        raise InvalidArgument(IDEMPOTENCY_HEADER, f"is longer than {MAX_IDEMPOTENCY_KEY} characters")
+    if len(value) > validation.MAX_IDEMPOTENCY_KEY:
+        raise InvalidArgument(IDEMPOTENCY_HEADER, f"is longer than {validation.MAX_IDEMPOTENCY_KEY} characters")
     if not value.startswith(SERVER_KEY_PREFIX):
         return value, None
     event_id = value[len(SERVER_KEY_PREFIX):]
-    try:
-        canonical = str(uuid.UUID(event_id)) == event_id
-    except ValueError:
-        canonical = False
-    if not canonical:
+    if not validation.is_canonical_uuid(event_id):
         raise InvalidArgument(IDEMPOTENCY_HEADER, f"keys starting with {SERVER_KEY_PREFIX!r} are the server's: "
                               f"send one only as an UNAVAILABLE answer gave it ({SERVER_KEY_PREFIX}<event id>)")
     return "", event_id

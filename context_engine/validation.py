@@ -35,6 +35,7 @@ import unicodedata
 from collections.abc import Mapping
 
 from context_engine.errors import InvalidArgument
+from context_engine.hashing import is_sha256_hex
 
 MAX_ID = 128
 MAX_NAME = 128
@@ -48,7 +49,6 @@ DOMAIN_KEY = "domain"  # metadata["domain"]: the chunks' retrieval domain (proje
 # \A and \Z: safe with .match as well as .fullmatch (scope.ID_PATTERN re-exports it).
 ID_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")
 _ID_RULE = f"must be 1-{MAX_ID} characters of [A-Za-z0-9._:@-], starting with a letter or digit"
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}")
 REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
@@ -108,13 +108,19 @@ def label(value: str, field: str, limit: int = MAX_LABEL) -> str:
 
 
 def version_hash(value: str, field: str) -> str:
-    if not isinstance(value, str) or _SHA256_HEX.fullmatch(value) is None:
+    if not is_sha256_hex(value):
         raise InvalidArgument(field, "must be a lowercase hex SHA-256 (64 characters)")
     return value
 
 
 def is_uuid_text(value: str) -> bool:
     return isinstance(value, str) and _UUID_TEXT.fullmatch(value) is not None
+
+
+def is_canonical_uuid(value: str) -> bool:
+    """A UUID exactly as `str(uuid.UUID(...))` writes it (hyphenated, lowercase): the form the
+    engine gives event ids, so the only one it takes back from a client or from the log."""
+    return is_uuid_text(value) and value == value.lower()
 
 
 def uuid_text(value: str, field: str, what: str = "id") -> str:

@@ -141,7 +141,7 @@ class ChunkProjection:
         # Live, a content longer than INLINE_INDEX_BYTES is indexed after the batch's commit
         # (projections/deferred_indexing.py); a bulk load indexes everything in place.
         self.defer_long = defer_long and bulk is None
-        self.deferred: dict[str, tuple[str, str, dt.datetime]] = {}  # source -> (kind, added by, when)
+        self.deferred: dict[str, tuple[str, str]] = {}  # source -> (kind, the event that asked)
         self.requested: dict[str, list[str]] = {}  # event that asked -> the sources to index
         self.pending = _PendingChunks()
         self.added_by: dict[str, str] = {}  # chunk id -> the event that added it in this batch
@@ -156,7 +156,7 @@ class ChunkProjection:
         itself; a memory's chunks are added by its memory.scrubbed event). A content longer than
         INLINE_INDEX_BYTES is only asked for here (`defer_long`): it is indexed after the commit."""
         if self.defer_long and len(content) > INLINE_INDEX_BYTES:
-            self.deferred[event_id] = (source_kind, added_by or event_id, created_at)
+            self.deferred[event_id] = (source_kind, added_by or event_id)
             return
         self.add_analysed(await analyse(event_id, content, metadata), event_id=event_id, source_kind=source_kind,
                           session_id=session_id, scope_path=scope_path, metadata=metadata, created_at=created_at,
@@ -200,10 +200,10 @@ class ChunkProjection:
         to `written`; None when nothing is pending."""
         if self.deferred:
             deferred, self.deferred = self.deferred, {}
-            for source, (_kind, by, _at) in deferred.items():
+            for source, (_kind, by) in deferred.items():
                 self.requested.setdefault(by, []).append(source)
-            batch.add(_REQUEST_INDEXING, self.org_id, list(deferred),
-                      *(list(c) for c in zip(*((k, uuid.UUID(b), t) for k, b, t in deferred.values()))))
+            batch.add(_REQUEST_INDEXING, self.org_id, list(deferred), [k for k, _ in deferred.values()],
+                      [uuid.UUID(by) for _, by in deferred.values()])
         pending, self.pending = self.pending, _PendingChunks()
         if not pending:
             self._stage_statistics(batch, pending)
@@ -376,8 +376,7 @@ class ChunkProjection:
 
 _REQUEST_INDEXING = """
 INSERT INTO indexing_requests (org_id, source_event_id, source_kind, added_by, requested_at)
-SELECT $1, u.event_id, u.kind, u.added_by, now() FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::timestamptz[])
-    AS u(event_id, kind, added_by, created_at)
+SELECT $1, u.*, now() FROM unnest($2::uuid[], $3::text[], $4::uuid[]) AS u
 ON CONFLICT (org_id, source_event_id) DO UPDATE
 SET source_kind = EXCLUDED.source_kind, added_by = EXCLUDED.added_by, requested_at = EXCLUDED.requested_at,
     attempts = 0, last_error = NULL

@@ -109,7 +109,8 @@ from context_engine.errors import InvalidArgument, unavailable_cause
 from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
 from context_engine.projections.database import require_standard_strings, set_config_sql, sql_literal
 from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
-from context_engine.scope import ID_PATTERN, Scope
+from context_engine.scope import Scope
+from context_engine.validation import is_canonical_uuid, is_identifier
 
 from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, indexing_job, pii_scan_job
 
@@ -229,7 +230,7 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
         if sha256_hex(r.raw) in new:
             PROJECTOR_REJECTED_EVENTS.inc()
             log.warning("event set aside", org_id=r.applied.org_id, event_id=r.applied.event_id or None,
-                        position=_where_applied(r.applied), reason=r.reason)
+                        position=_where(r.applied), reason=r.reason)
     return [r for r in results if r is not None]
 
 
@@ -295,14 +296,14 @@ class Rejection:
 
 
 def _rejection(rec: LogRecord, exc: BaseException, ev: Event | None = None) -> Rejection:
-    org_id, event_id = (ev.scope.org_id, ev.event_id) if ev is not None else _claimed_identity(rec.raw)
+    org_id, event_id = (ev.scope.org_id, ev.event_id) if ev is not None else claimed_identity(rec.raw)
     reason = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"[:MAX_REASON_CHARS]
     applied = Applied(event_id, ev.type if ev is not None else "", org_id, rec.topic, rec.partition,
                       rec.offset, REJECTED, _session_id(ev) if ev is not None else None)
     return Rejection(applied, bytes(rec.raw), reason)
 
 
-def _claimed_identity(raw: bytes) -> tuple[str, str]:
+def claimed_identity(raw: bytes) -> tuple[str, str]:
     """The org and event id an undecodable record names, as far as they can be read, so that the
     waiting command (if any) gets its answer: (SYSTEM_ORG, "") when it names none."""
     try:
@@ -310,8 +311,8 @@ def _claimed_identity(raw: bytes) -> tuple[str, str]:
         org_id, event_id = data["scope"]["org_id"], data["event_id"]
     except Exception:  # noqa: BLE001 - anything at all may be on the topic
         return SYSTEM_ORG, ""
-    event_id = event_id if _canonical_uuid(event_id) else ""
-    if not isinstance(org_id, str) or not ID_PATTERN.fullmatch(org_id):
+    event_id = event_id if is_canonical_uuid(event_id) else ""
+    if not is_identifier(org_id):
         return SYSTEM_ORG, event_id
     return org_id, event_id
 
@@ -362,19 +363,15 @@ async def load_offsets(conn: asyncpg.Connection, projector: str = PROJECTOR) -> 
 # -- internals ------------------------------------------------------------------------------
 
 
-def _where(rec: LogRecord) -> str:
-    return f"{rec.topic}[{rec.partition}]@{rec.offset}"
-
-
-def _where_applied(a: Applied) -> str:
-    return f"{a.topic}[{a.partition}]@{a.offset}"
+def _where(at: LogRecord | Applied) -> str:
+    return f"{at.topic}[{at.partition}]@{at.offset}"
 
 
 def _decode(rec: LogRecord) -> Event:
     """Decode and check the envelope fields the archive and the chain rely on."""
     try:
         ev = decode(rec.raw)
-        if not _canonical_uuid(ev.event_id):
+        if not is_canonical_uuid(ev.event_id):
             raise ValueError("event_id is not a UUID in its canonical form")
         ev.occurred  # noqa: B018 - parses occurred_at
         if not isinstance(ev.payload, dict):
@@ -382,10 +379,10 @@ def _decode(rec: LogRecord) -> Event:
         # What the API would have accepted as a caller's scope: every id the validator's shape
         # (no NUL, no '_system'), no gaps; and the fields the archive stores as text are text.
         sc = ev.scope
-        Scope.parse(*(x if isinstance(x, str) else str(type(x)) + "!" for x in
-                      (sc.org_id, sc.pillar_id, sc.team_id, sc.agent_id)))
-        if not (isinstance(ev.actor, str) and isinstance(ev.aggregate, str)):
-            raise ValueError("actor and aggregate must be strings")
+        ids = (sc.org_id, sc.pillar_id, sc.team_id, sc.agent_id)
+        if not all(isinstance(x, str) for x in (*ids, ev.actor, ev.aggregate)):
+            raise ValueError("scope ids, actor and aggregate must be strings")
+        Scope.parse(*ids)
         if not is_sha256_hex(ev.content_hash):
             raise ValueError("content_hash is not a lowercase hex SHA-256")
     except (EventDecodeError, InvalidArgument, ValueError, TypeError, AttributeError, RecursionError) as exc:
@@ -393,11 +390,7 @@ def _decode(rec: LogRecord) -> Event:
     return ev
 
 
-def _canonical_uuid(value: Any) -> bool:
-    try:
-        return isinstance(value, str) and str(uuid.UUID(value)) == value
-    except ValueError:
-        return False
+
 
 
 def _session_id(ev: Event) -> str | None:

@@ -31,17 +31,15 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from context_engine.hashing import sha256_hex
-from context_engine.projections.deferred_indexing import MAX_ATTEMPTS
-
 from context_engine.projections.database import create_pool
+from context_engine.projections.deferred_indexing import MAX_ATTEMPTS
 from context_engine.projections.migrate import migrate
 from context_engine.projections.records import LogRecord
 from context_engine.projections.chunk_projection import BulkLoad, assign_recorded_vectors, recount_statistics
-from context_engine.projections.session_projector import SYSTEM_ORG, apply_batch
+from context_engine.projections.session_projector import SYSTEM_ORG, apply_batch, claimed_identity
 
 BATCH = 2000
 # maintenance_work_mem of the index builds at the end. pgvector builds an HNSW graph much faster
@@ -282,15 +280,6 @@ async def verify(records: AsyncIterator[list[LogRecord]], admin_url: str, *,
 IN_FLIGHT_GRACE_S = 10.0
 
 
-def _record_identity(raw: bytes) -> tuple[str | None, str]:
-    """(event id, if the record names one, lowercase; SHA-256 of the record's bytes)."""
-    try:
-        event_id = str(uuid.UUID(orjson.loads(raw)["event_id"]))
-    except Exception:  # noqa: BLE001 - anything at all may be on the topic
-        event_id = None
-    return event_id, sha256_hex(raw)
-
-
 async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url: str) -> list[Difference]:
     """Every record of the log is archived or set aside, and every event archived before the log
     was read is on the log. The archive's mark is taken first, so an event the stack archives
@@ -301,8 +290,8 @@ async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url
         on_log: dict[str, tuple[str | None, str]] = {}  # record hash -> (event id, position)
         async for batch in log:
             for rec in batch:
-                event_id, digest = _record_identity(rec.raw)
-                on_log.setdefault(digest, (event_id, f"{rec.topic}[{rec.partition}]@{rec.offset}"))
+                _org, event_id = claimed_identity(rec.raw)
+                on_log.setdefault(sha256_hex(rec.raw), (event_id or None, f"{rec.topic}[{rec.partition}]@{rec.offset}"))
         deadline = time.monotonic() + IN_FLIGHT_GRACE_S
         while True:
             archived = {str(r["event_id"]): r["archive_seq"] for r in await conn.fetch(

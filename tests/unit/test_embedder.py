@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import http.server
 import json
-import re
 import socket
 import threading
 from collections.abc import Iterator

@@ -4,7 +4,6 @@ never INTERNAL for a dependency that is gone, still INTERNAL for a bug."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 
