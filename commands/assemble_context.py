@@ -35,6 +35,7 @@ from context_engine.projections.retrieval.outcome import MAX_TOP_K, Outcome
 from context_engine.projections.search import MAX_QUERY_BYTES, SearchOutcome, SearchQuery, search
 from context_engine.streams.jobs import baseline_metric
 from context_engine.streams.topics import LogTopics
+from context_engine.visibility import Visibility
 
 log = structlog.get_logger("context_engine.assembly")
 
@@ -118,7 +119,7 @@ def _text(content: bytes) -> str:
 async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContext) -> Assembled:
     pinned_ids, required_keys = _validate(cmd, deps.settings.max_token_budget)
     scope, org = principal.scope, principal.scope.org_id
-    visible = [s.path for s in scope.ancestors()]
+    visible = Visibility.of(scope)
     with timed("assemble", "freshness_wait"):
         await deps.freshness.wait(f"{org}/{cmd.session_id}")
     floor = deps.settings.tenant_min_score(org)
@@ -145,16 +146,16 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     if reads.history_truncated and _history_exhausted(packed, reads.history_newest_first):
         with timed("assemble", "history_reread"):  # rare: the turns read were not enough to fill the budget
             async with org_transaction(deps.pool, org, readonly=True) as conn:
-                rows = await _history_rows(conn, org, cmd.session_id, deps.settings.history_window, None)
+                rows = await _history_rows(conn, org, cmd.session_id, visible, deps.settings.history_window, None)
             packed = packed_with(_history_blocks(rows))
     prompt_id = sha256_hex(packed.prompt.encode("utf-8"))
     with timed("assemble", "chunk_ids"):
-        chunk_ids = await _chunk_ids(deps, org, packed)
+        chunk_ids = await _chunk_ids(deps, org, visible, packed)
     quality = _quality(retrieval, failure, packed, floor)
     baseline = 0
     if random.random() < deps.settings.tenant_sample_rate(org):
         with timed("assemble", "baseline"):
-            baseline = await _baseline(deps, org, visible, reads.layers, count, reads.session_tokens, packed,
+            baseline = await _baseline(deps, org, visible, reads.layers, count, reads.visible_session_tokens, packed,
                                        prompt_id, cmd, scope)
     with timed("assemble", "compaction_trigger"):
         await _compaction_trigger(deps, principal, cmd, reads.session_tokens, reads.compaction_open)
@@ -171,15 +172,18 @@ class SessionReads:
     pinned: list[Block]
     required: list[Block]
     history_newest_first: list[Block]
-    session_tokens: int
+    session_tokens: int  # every active turn's: the compaction threshold is the session's, never shown
+    visible_session_tokens: int  # the turns the caller sees: its naive prompt (baseline_tokens)
     compaction_open: bool
     history_truncated: bool  # older turns within the window were not read (HISTORY_READ_FACTOR)
 
 
-async def _read_session(deps: Deps, org: str, scope, visible: list[str], cmd: AssembleContext,
+async def _read_session(deps: Deps, org: str, scope, visible: Visibility, cmd: AssembleContext,
                         pinned_ids: list[str], required_keys: list[str]) -> SessionReads:
     """Layers, pinned and required blocks, the history window (newest first), the session's
-    active tokens and whether a compaction request is open: one read-only transaction."""
+    active tokens (all, and those the caller sees) and whether a compaction request is open: one read-only
+    transaction. Every item read is one the caller sees (`visible`): a sibling's turn in a shared
+    session is neither history nor a must_include target."""
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         session = await queries.get_session(conn, org, cmd.session_id)
         if session is not None:
@@ -188,21 +192,23 @@ async def _read_session(deps: Deps, org: str, scope, visible: list[str], cmd: As
         pinned = await _pinned(conn, org, visible, pinned_ids)
         required = [await _required(conn, org, scope.agent_id, cmd.session_id, visible, key, deps)
                     for key in required_keys]
-        history_rows = await _history_rows(conn, org, cmd.session_id, deps.settings.history_window,
+        history_rows = await _history_rows(conn, org, cmd.session_id, visible, deps.settings.history_window,
                                            int(HISTORY_READ_FACTOR * cmd.token_budget))
         totals = await conn.fetchrow(
-            "SELECT (SELECT coalesce(sum(token_count), 0) FROM session_events"
-            "        WHERE org_id = $1 AND session_id = $2 AND active) AS tokens,"
+            "SELECT coalesce(sum(token_count), 0) AS tokens,"
+            "       coalesce(sum(token_count) FILTER (WHERE scope_path = ANY($3::text[])), 0) AS visible_tokens,"
             "       EXISTS (SELECT 1 FROM compaction_requests"
-            "               WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL) AS compaction_open",
-            org, cmd.session_id)
+            "               WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL) AS compaction_open "
+            "FROM session_events WHERE org_id = $1 AND session_id = $2 AND active",
+            org, cmd.session_id, visible.sql_paths)
     truncated = bool(history_rows) and len(history_rows) < history_rows[0]["window_rows"]
     return SessionReads(layers, pinned, required, _history_blocks(history_rows), int(totals["tokens"]),
-                        totals["compaction_open"], truncated)
+                        int(totals["visible_tokens"]), totals["compaction_open"], truncated)
 
 
-async def _history_rows(conn, org: str, session_id: str, window: int, read_tokens: int | None) -> list:
-    """The session's active turns, newest first, within the last `window`: only those whose newer
+async def _history_rows(conn, org: str, session_id: str, visible: Visibility, window: int,
+                        read_tokens: int | None) -> list:
+    """The session's active turns the caller sees, newest first, within the last `window`: only those whose newer
     turns hold at most `read_tokens` stored (cl100k) tokens when it is given. Each row carries
     how many turns the window holds, so the caller knows whether older ones were left unread."""
     return await conn.fetch(
@@ -210,10 +216,10 @@ async def _history_rows(conn, org: str, session_id: str, window: int, read_token
         "  SELECT event_id, content, metadata::text AS metadata, seq, count(*) OVER () AS window_rows,"
         "         sum(token_count) OVER (ORDER BY seq DESC ROWS UNBOUNDED PRECEDING) - token_count AS newer_tokens"
         "  FROM (SELECT event_id, content, metadata, seq, token_count FROM session_events"
-        "        WHERE org_id = $1 AND session_id = $2 AND active"
+        "        WHERE org_id = $1 AND session_id = $2 AND active AND scope_path = ANY($5::text[])"
         "        ORDER BY seq DESC LIMIT $3) AS w"
         ") AS h WHERE $4::bigint IS NULL OR newer_tokens <= $4 ORDER BY seq DESC",
-        org, session_id, window, read_tokens)
+        org, session_id, window, read_tokens, visible.sql_paths)
 
 
 def _history_blocks(rows) -> list[Block]:
@@ -235,13 +241,13 @@ def _history_text(row) -> str:
     return f"{role}: {text}" if role and text else text
 
 
-async def _pinned(conn, org: str, visible: list[str], ids: list[str]) -> list[Block]:
+async def _pinned(conn, org: str, visible: Visibility, ids: list[str]) -> list[Block]:
     if not ids:
         return []
     ids = [str(uuid.UUID(i)) for i in ids]  # canonical form, as the database returns them
     content = {str(r["chunk_id"]): r["content"] for r in await conn.fetch(
         "SELECT chunk_id, content FROM chunks WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) "
-        "  AND searchable AND scope_path = ANY($3::text[])", org, ids, visible)}
+        "  AND searchable AND scope_path = ANY($3::text[])", org, ids, visible.sql_paths)}
     missing = [i for i in ids if i not in content]
     if missing:  # absent, rolled back, quarantined or not the caller's: one answer for all
         raise NotFound(f"hints.{PINNED_HINT}: chunk(s) {', '.join(missing)} not found in the caller's corpus",
@@ -249,7 +255,7 @@ async def _pinned(conn, org: str, visible: list[str], ids: list[str]) -> list[Bl
     return [Block("pinned", content[i], key=i) for i in ids]
 
 
-async def _required(conn, org: str, agent_id: str, session_id: str, visible: list[str], key: str,
+async def _required(conn, org: str, agent_id: str, session_id: str, visible: Visibility, key: str,
                     deps: Deps) -> Block:
     field_name = f"hints.{MUST_INCLUDE_HINT}"
     if key.startswith("event:"):
@@ -260,7 +266,7 @@ async def _required(conn, org: str, agent_id: str, session_id: str, visible: lis
             raise InvalidArgument(field_name, f"{key!r}: {event_id!r} is not an event id (UUID)") from None
         row = await conn.fetchrow(
             "SELECT event_id, content FROM session_events WHERE org_id = $1 AND session_id = $2 "
-            "  AND event_id = $3 AND active", org, session_id, eid)
+            "  AND event_id = $3 AND active AND scope_path = ANY($4::text[])", org, session_id, eid, visible.sql_paths)
         if row is None:
             raise NotFound(f"{field_name}: {key!r}: no such active event in session {session_id!r}",
                            reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
@@ -293,7 +299,7 @@ def retrieval_depth(token_budget: int, corpus_tokens: int, corpus_chunks: int) -
     return max(10, min(MAX_TOP_K, depth))
 
 
-async def _retrieve(deps: Deps, scope, visible: list[str], task: str, floor: float, token_budget: int
+async def _retrieve(deps: Deps, scope, visible: Visibility, task: str, floor: float, token_budget: int
                     ) -> tuple[SearchOutcome | None, str]:
     if not task.strip():
         return None, "no task_description: recency-only context"
@@ -302,7 +308,7 @@ async def _retrieve(deps: Deps, scope, visible: list[str], task: str, floor: flo
             totals = await conn.fetchrow(
                 "SELECT coalesce(sum(token_total), 0)::bigint AS tokens, coalesce(sum(n_docs), 0)::bigint AS chunks "
                 "FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[])",
-                scope.org_id, visible)
+                scope.org_id, visible.sql_paths)
             return retrieval_depth(token_budget, totals["tokens"], totals["chunks"])
 
         return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task), floor, depth=depth), ""
@@ -331,15 +337,16 @@ def _quality(retrieval: SearchOutcome | None, failure: str, packed: Packed, floo
                    r.results_below_threshold)
 
 
-async def _chunk_ids(deps: Deps, org: str, packed: Packed) -> list[str]:
+async def _chunk_ids(deps: Deps, org: str, visible: Visibility, packed: Packed) -> list[str]:
     """Chunk ids in prompt order: pinned and retrieved chunks, and the chunks of included turns."""
     sources = [b.source for b in packed.blocks if b.kind in ("history", "required") and b.source]
     by_source: dict[str, list[str]] = {}
     if sources:
         async with org_transaction(deps.pool, org, readonly=True) as conn:
             for r in await conn.fetch(
-                    "SELECT source_event_id, chunk_id FROM chunks WHERE org_id = $1 "
-                    "AND source_event_id = ANY($2::uuid[]) ORDER BY source_event_id, chunk_index", org, sources):
+                    "SELECT source_event_id, chunk_id FROM chunks WHERE org_id = $1 AND source_event_id = ANY($2::uuid[]) "
+                    "AND scope_path = ANY($3::text[]) ORDER BY source_event_id, chunk_index", org, sources,
+                    visible.sql_paths):
                 by_source.setdefault(str(r["source_event_id"]), []).append(str(r["chunk_id"]))
     out: list[str] = []
     for b in packed.blocks:
@@ -350,7 +357,7 @@ async def _chunk_ids(deps: Deps, org: str, packed: Packed) -> list[str]:
     return out
 
 
-async def _baseline(deps: Deps, org, visible, layers, count, session_tokens: int, packed: Packed,
+async def _baseline(deps: Deps, org, visible: Visibility, layers, count, session_tokens: int, packed: Packed,
                     prompt_id: str, cmd: AssembleContext, scope) -> int:
     """The naive prompt's tokens: every layer, the whole session history, every other chunk the
     caller could retrieve, unoptimised. History and corpus use the counts stored at ingest (cl100k)."""
@@ -362,7 +369,7 @@ async def _baseline(deps: Deps, org, visible, layers, count, session_tokens: int
             "        WHERE org_id = $1 AND scope_path = ANY($2::text[])) "
             "     - (SELECT coalesce(sum(token_count), 0) FROM chunks "
             "        WHERE org_id = $1 AND session_id = $3 AND searchable AND scope_path = ANY($2::text[]))",
-            org, visible, cmd.session_id)
+            org, visible.sql_paths, cmd.session_id)
     naive = sum(count(b.text) for b in layers) + int(session_tokens) + int(corpus)
     naive = max(naive, packed.tokens)
     job = baseline_metric(scope, prompt_id=prompt_id, session_id=cmd.session_id, assembled_tokens=packed.tokens,

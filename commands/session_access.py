@@ -1,5 +1,6 @@
 """Who may touch a session: its owner scope (the scope of its first event) and the scopes
-below it. Siblings and other branches may not, whatever ids they send."""
+below it may read and write it; only the owner scope may rewrite it (context_engine.visibility).
+Siblings and other branches may not, whatever ids they send."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from context_engine.errors import NotFound, PermissionDenied
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
 from context_engine.scope import Scope
+from context_engine.visibility import Visibility, may_rewrite
 
 
 def owner_scope(session) -> Scope:
@@ -20,9 +22,23 @@ def owner_scope(session) -> Scope:
 
 def require_readable(session, caller: Scope, session_id: str):
     """A session the caller may not see is reported as absent, not as forbidden."""
-    if session is None or not caller.is_within(owner_scope(session)):
+    if session is None or not Visibility.of(caller).sees(session.scope_path):
         raise NotFound(f"session {session_id!r} not found", reason="SESSION_NOT_FOUND",
                        metadata={"field": "session_id"})
+    return session
+
+
+def require_rewritable(session, caller: Scope, session_id: str):
+    """A rewrite (rollback) of a session by any scope but its owner's is refused. Existence is no
+    secret here: writes from a sibling are refused as SESSION_OUT_OF_SCOPE already."""
+    if session is None:
+        raise NotFound(f"session {session_id!r} not found", reason="SESSION_NOT_FOUND",
+                       metadata={"field": "session_id"})
+    if not may_rewrite(owner_scope(session), caller):
+        raise PermissionDenied(
+            f"session {session_id!r} is not owned by scope {caller.path!r}: only the session's owner scope may "
+            "roll it back (a rollback changes what every scope in the session sees)",
+            reason="NOT_SESSION_OWNER", metadata={"field": "session_id"})
     return session
 
 
@@ -40,6 +56,17 @@ async def visible_session(deps, principal, session_id: str):
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         yield conn, require_readable(await queries.get_session(conn, org, session_id), principal.scope,
                                      session_id)
+
+
+@contextlib.asynccontextmanager
+async def rewritable_session(deps, principal, session_id: str):
+    """`visible_session` for commands that rewrite the session: PERMISSION_DENIED unless the
+    caller is the session's owner scope."""
+    org = principal.scope.org_id
+    await deps.freshness.wait(f"{org}/{session_id}")
+    async with org_transaction(deps.pool, org, readonly=True) as conn:
+        yield conn, require_rewritable(await queries.get_session(conn, org, session_id), principal.scope,
+                                       session_id)
 
 
 class SessionOwners:

@@ -19,6 +19,7 @@ from context_engine.errors import InvalidArgument, NotFound, Unavailable
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
 from context_engine.streams.freshness import SessionFreshness
+from context_engine.visibility import Visibility
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ async def _pull(pool, freshness: SessionFreshness, principal: Principal, query: 
     agent_id = query.agent_id or principal.scope.agent_id
     if query.session_id:
         await freshness.wait(f"{org}/{query.session_id}")
-    visible = [s.path for s in principal.scope.ancestors()]
+    visible = Visibility.of(principal.scope)
     async with org_transaction(pool, org, readonly=True) as conn:
         if query.snapshot_name:
             snapshot = await queries.snapshot_by_name(conn, org, query.session_id, query.snapshot_name)

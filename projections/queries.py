@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import asyncpg
 import orjson
 
 from context_engine.events import Event, decode
+from context_engine.visibility import Visibility
 
 
 def _json(value: Any) -> Any:
@@ -232,28 +233,27 @@ async def memory_by_event_id(conn: asyncpg.Connection, org_id: str, event_id: st
 
 
 async def latest_memory(conn: asyncpg.Connection, org_id: str, agent_id: str, session_id: str | None,
-                        visible_scope_paths: Sequence[str], *,
-                        memory_type: str | None = None) -> MemoryVersion | None:
+                        visible: Visibility, *, memory_type: str | None = None) -> MemoryVersion | None:
     """PullContext without a snapshot: the newest ACTIVE memory of `agent_id` (in `session_id`
     when given: newest by chain seq; otherwise across sessions: newest by created_at), owned at
-    one of `visible_scope_paths` (the caller's own scope and its ancestors: Scope.ancestors())."""
+    where the caller sees it (`visible`)."""
     if session_id:
         r = await conn.fetchrow(
             "SELECT * FROM memory_versions WHERE org_id = $1 AND agent_id = $2 AND session_id = $3 "
             "AND active AND scope_path = ANY($4::text[]) AND ($5::text IS NULL OR memory_type = $5) "
             "ORDER BY seq DESC LIMIT 1",
-            org_id, agent_id, session_id, list(visible_scope_paths), memory_type)
+            org_id, agent_id, session_id, visible.sql_paths, memory_type)
     else:
         r = await conn.fetchrow(
             "SELECT * FROM memory_versions WHERE org_id = $1 AND agent_id = $2 "
             "AND active AND scope_path = ANY($3::text[]) AND ($4::text IS NULL OR memory_type = $4) "
             "ORDER BY created_at DESC, event_id DESC LIMIT 1",
-            org_id, agent_id, list(visible_scope_paths), memory_type)
+            org_id, agent_id, visible.sql_paths, memory_type)
     return _memory(r) if r else None
 
 
 async def snapshot_memory(conn: asyncpg.Connection, org_id: str, session_id: str, snapshot_name: str,
-                          agent_id: str, visible_scope_paths: Sequence[str], *,
+                          agent_id: str, visible: Visibility, *,
                           memory_type: str | None = None) -> MemoryVersion | None:
     """PullContext with snapshot_name: the newest memory of `agent_id` in the snapshot's state
     (whatever happened to the session since; `active` reports the row's present flag)."""
@@ -265,7 +265,7 @@ async def snapshot_memory(conn: asyncpg.Connection, org_id: str, session_id: str
         "AND m.agent_id = $4 AND m.scope_path = ANY($5::text[]) "
         "AND ($6::text IS NULL OR m.memory_type = $6) "
         "ORDER BY i.seq DESC LIMIT 1",
-        org_id, session_id, snapshot_name, agent_id, list(visible_scope_paths), memory_type)
+        org_id, session_id, snapshot_name, agent_id, visible.sql_paths, memory_type)
     return _memory(r) if r else None
 
 

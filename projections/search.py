@@ -58,6 +58,7 @@ from context_engine.projections.retrieval.confidence_gate import Pool, retrieve_
 from context_engine.projections.retrieval.fusion import HYBRID, ScoredCandidate
 from context_engine.projections.retrieval.outcome import RetrievalResult, classify_ranked, resolve_min_score, resolve_top_k
 from context_engine.scope import Scope
+from context_engine.visibility import Visibility
 
 MAX_QUERY_BYTES = 16 * 1024
 MAX_DOMAIN_CHARS = 128
@@ -311,7 +312,7 @@ class _Retriever:
                  top_k: int) -> None:
         self.conn = conn
         self.org_id = scope.org_id
-        self.scopes = [s.path for s in scope.ancestors()]
+        self.scopes = Visibility.of(scope).sql_paths
         self.domain = domain
         self.terms = terms
         self.term_counts = Counter(terms)  # each distinct term (first-seen order) and its count in the query

@@ -33,6 +33,7 @@ from context_engine.projections.chunk_projection import assign_vectors_recorded_
 from context_engine.projections.database import create_pool, init_connection
 from context_engine.projections.migrate import migrate
 from context_engine.projections.records import LogRecord
+from context_engine.visibility import Visibility
 from context_engine.projections.session_projector import (
     APPLIED,
     DUPLICATE,
@@ -227,11 +228,11 @@ async def test_versions_follow_the_hash_chain_in_log_order(conn: asyncpg.Connect
     assert await in_org(conn, org, queries.applied_event_ids, [e.event_id for e in events[:3]] + [str(uuid.uuid4())]) \
         == {e.event_id for e in events[:3]}
 
-    visible = [s.path for s in scope(org).ancestors()]
+    visible = Visibility.of(scope(org))
     latest = await in_org(conn, org, queries.latest_memory, "bot-1", "s2", visible)
     assert latest.content == b"memory 19" and latest.memory_type == "semantic" and latest.seq == 7
     assert (await in_org(conn, org, queries.latest_memory, "bot-1", None, visible)).content == b"memory 29"
-    assert await in_org(conn, org, queries.latest_memory, "bot-1", "s2", [org]) is None  # owned below org
+    assert await in_org(conn, org, queries.latest_memory, "bot-1", "s2", Visibility.of(Scope(org))) is None  # owned below org
     assert await in_org(conn, org, queries.latest_memory, "bot-2", "s2", visible) is None
 
     assert (await load_offsets(conn))[(log.topic, records[-1].partition)] == log.next[records[-1].partition] - 1
@@ -452,7 +453,7 @@ async def test_rollback_deactivates_later_items_and_chains_from_the_target(conn:
     events = [ingest(org, "s", f"e{i}") for i in range(1, 4)] + [push(org, "s", "m4"), ingest(org, "s", "e5")]
     v = chain(key(org, "s"), [e.content_hash for e in events])  # v[0] .. v[5]
     await apply_batch(conn, log.append(*events))
-    visible = [s.path for s in scope(org).ancestors()]
+    visible = Visibility.of(scope(org))
     assert (await in_org(conn, org, queries.latest_memory, "bot-1", "s", visible)).content == b"m4"
 
     back = rollback(org, "s", v[2])
@@ -530,7 +531,7 @@ async def test_snapshot_name_collision_keeps_the_first(conn: asyncpg.Connection)
     assert (empty.version, empty.state["items"]) == (genesis_version(key(org, "other")), [])
 
     # The snapshot's memory survives a later rollback and a newer push.
-    visible = [s.path for s in scope(org).ancestors()]
+    visible = Visibility.of(scope(org))
     await apply_batch(conn, log.append(rollback(org, "s", v[0]), push(org, "s", "memory later")))
     assert (await in_org(conn, org, queries.latest_memory, "bot-1", "s", visible)).content == b"memory later"
     old = await in_org(conn, org, queries.snapshot_memory, "s", "before-deploy", "bot-1", visible)
@@ -544,7 +545,7 @@ async def test_memory_outside_a_session_has_no_chain(conn: asyncpg.Connection) -
     assert (a.outcome, a.session_id, a.version) == (APPLIED, None, None)
     assert (await counts(conn, org))["session_items"] == 0
     got = await in_org(conn, org, queries.latest_memory, "bot-9", None,
-                       [s.path for s in scope(org, "bot-9").ancestors()])
+                       Visibility.of(scope(org, "bot-9")))
     assert got.content == b"standalone" and got.session_id is None
 
 
