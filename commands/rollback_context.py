@@ -1,5 +1,6 @@
-"""RollbackContext (clearance L3+): the session's state and version become those of a version it
-has had. Later items stay in the log and the audit view; new items chain from the target."""
+"""RollbackContext (clearance L3+, and only the session's owner scope: visibility.may_rewrite): the
+session's state and version become those of a version it has had. Later items stay in the log
+and the audit view; new items chain from the target."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from context_engine import clearance
 from context_engine.auth import Principal
 from context_engine import validation
 from context_engine.commands.deps import Deps
-from context_engine.commands.session_access import visible_session
+from context_engine.commands.session_access import rewritable_session, session_claimed_elsewhere
 from context_engine.errors import NotFound
 from context_engine.events import SESSION_ROLLED_BACK, Event, session_aggregate
 from context_engine.projections import queries
+from context_engine.projections.session_projector import OUT_OF_SCOPE, UNKNOWN_TARGET
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
 
-    async with visible_session(deps, principal, command.session_id) as (conn, _):
+    async with rewritable_session(deps, principal, command.session_id) as (conn, _):
         if await queries.session_has_version(conn, org, command.session_id,
                                              command.target_version_hash) is None:
             raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
@@ -44,5 +46,10 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     event = Event(type=SESSION_ROLLED_BACK, scope=principal.scope, actor=principal.subject,
                   aggregate=session_aggregate(org, command.session_id),
                   payload={"session_id": command.session_id, "target_version": command.target_version_hash})
-    await deps.append(event, session_key)
+    outcome = await deps.append(event, session_key)
+    if outcome == OUT_OF_SCOPE:  # the projector applies the same rule
+        raise session_claimed_elsewhere(command.session_id)
+    if outcome == UNKNOWN_TARGET:
+        raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
+                       reason="VERSION_NOT_FOUND", metadata={"field": "target_version_hash"})
     return RolledBack(command.target_version_hash, event.occurred)

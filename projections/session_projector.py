@@ -62,7 +62,9 @@ Payloads (built by the command handlers; every hash is lowercase hex SHA-256):
 Session ownership: a session belongs to the scope of the event that created it (its first
 ingested event or pushed memory; sessions.scope_path). An event of any of the four types whose scope is not that owner scope or below it changes nothing (outcome
 OUT_OF_SCOPE): the handlers check this before appending, and this is the guard for two scopes
-racing to create the same session (the handler then finds no row for its event_id).
+racing to create the same session (the handler then finds no row for its event_id). A rollback
+changes what every scope in the session sees, so it is applied only from the owner scope itself
+(visibility.may_rewrite); from any other scope it is OUT_OF_SCOPE too.
 
 Other event types that `context_engine.events` knows are archived and reported IGNORED (their
 own projectors handle them); a type it does not know fails decoding, hence the batch.
@@ -110,6 +112,7 @@ from context_engine.hashing import genesis_version, is_sha256_hex, next_version,
 from context_engine.projections.database import require_standard_strings, set_config_sql, sql_literal
 from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
 from context_engine.scope import Scope
+from context_engine.visibility import may_rewrite
 from context_engine.validation import is_canonical_uuid, is_identifier
 
 from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, indexing_job, pii_scan_job
@@ -461,10 +464,12 @@ class _Session:
     last_event_id: str
     dirty: bool = False
 
+    def owner(self, org_id: str) -> Scope:
+        return Scope(org_id, self.pillar_id, self.team_id, self.scope_agent_id)
+
     def admits(self, scope: Scope) -> bool:
         """Whether an event written at `scope` may change this session: owner scope or below."""
-        owner = Scope(scope.org_id, self.pillar_id, self.team_id, self.scope_agent_id)
-        return scope.is_within(owner)
+        return scope.is_within(self.owner(scope.org_id))
 
 
 @dataclass(slots=True)
@@ -715,6 +720,8 @@ class _OrgApplier:
         s = self.sessions.get(sid) if isinstance(sid, str) else None
         if s is None or not isinstance(target, str):
             return _applied(rec, ev, UNKNOWN_TARGET)
+        if not may_rewrite(s.owner(self.org_id), ev.scope):
+            return _applied(rec, ev, OUT_OF_SCOPE)
         await self.flush()
         row = await self.conn.fetchrow(
             "SELECT seq, depth FROM session_versions WHERE org_id = $1 AND session_id = $2 AND version = $3",
