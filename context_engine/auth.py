@@ -6,10 +6,12 @@ verifies RS256 or EdDSA signatures with a configured public key and never holds 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import pathlib
 import secrets
+import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -18,11 +20,16 @@ import jwt
 
 from context_engine.clearance import MAX_CLEARANCE, MIN_CLEARANCE
 from context_engine.config import Settings
-from context_engine.errors import Unauthenticated
+from context_engine import validation
+from context_engine.errors import InvalidArgument, Unauthenticated
 from context_engine.scope import Scope
 
 REQUIRED_CLAIMS = ("sub", "org_id", "clearance", "exp")
 VERIFIED_CACHE_SIZE = 10_000
+# A token of ours is ~400 characters; an identity provider's with extra claims a few KiB. Larger
+# is refused before any parsing (a base64 megabyte costs the decoder; the cache holds tokens).
+MAX_TOKEN_BYTES = 8 * 1024
+MAX_SUBJECT = 256  # the actor recorded in every event the token writes
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,16 +41,26 @@ class Principal:
     clearance: int
 
 
+def ensure_secret(path: pathlib.Path) -> str:
+    """Return the secret in `path` (64 hex digits from `secrets`), creating the file on first use:
+    mode 0600, in a directory created 0700, published atomically (a concurrent creator's file
+    wins and both read it). Used for the HS256 key and the PostgreSQL passwords (docs/security.md)."""
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+    return path.read_text().strip()
+
+
 def ensure_dev_key(path: pathlib.Path) -> bytes:
     """Return the HS256 development key, creating it (0600) on first use."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-        os.replace(tmp, path)
-    return path.read_text().strip().encode()
+    return ensure_secret(path).encode()
 
 
 def mint_token(key: bytes, *, org: str, clearance: int, pillar: str = "", team: str = "",
@@ -98,6 +115,9 @@ class TokenVerifier:
         return principal
 
     def _decode(self, token: str) -> tuple[Principal, float]:
+        if len(token) > MAX_TOKEN_BYTES:
+            raise Unauthenticated(f"token is {len(token)} characters; at most {MAX_TOKEN_BYTES}",
+                                  reason="TOKEN_TOO_LARGE")
         try:
             header = jwt.get_unverified_header(token)
         except jwt.InvalidTokenError as exc:
@@ -121,14 +141,41 @@ class TokenVerifier:
         return _principal(claims), float(claims["exp"])
 
 
+SCOPE_CLAIMS = ("org_id", "pillar_id", "team_id", "agent_id")
+TIME_CLAIMS = ("exp", "nbf", "iat")
+
+
+def _claim_error(message: str) -> Unauthenticated:
+    return Unauthenticated(f"token claims are invalid: {message}", reason="TOKEN_CLAIMS_INVALID")
+
+
 def _principal(claims: dict) -> Principal:
+    """Claims of strict types only: PyJWT takes exp "123" or True for a time, Python takes True
+    for clearance 1 and str() makes an id of anything; none of these is what the issuer meant."""
     clearance = claims.get("clearance")
-    if not isinstance(clearance, int) or not MIN_CLEARANCE <= clearance <= MAX_CLEARANCE:
-        raise Unauthenticated("token clearance must be an integer 1..4", reason="TOKEN_INVALID")
+    if type(clearance) is not int or not MIN_CLEARANCE <= clearance <= MAX_CLEARANCE:
+        raise _claim_error(f"clearance must be an integer {MIN_CLEARANCE}..{MAX_CLEARANCE}")
+    for name in TIME_CLAIMS:
+        if name in claims and (type(claims[name]) not in (int, float) or claims[name] != claims[name]):
+            raise _claim_error(f"{name} must be a number (seconds since the epoch)")
+    ids = []
+    for name in SCOPE_CLAIMS:
+        value = claims.get(name, "")
+        if value is None:
+            value = ""
+        if not isinstance(value, str):
+            raise _claim_error(f"{name} must be a string")
+        ids.append(value)
     try:
-        scope = Scope.parse(*(str(claims.get(k) or "") for k in ("org_id", "pillar_id", "team_id", "agent_id")),
-                            field="token")
-    except Exception as exc:
-        raise Unauthenticated(f"token scope claims are invalid: {exc}", reason="TOKEN_INVALID") from exc
-    return Principal(subject=str(claims["sub"]), scope=scope, clearance=clearance)
+        scope = Scope.parse(*ids, field="token")
+    except InvalidArgument as exc:
+        raise _claim_error(exc.message) from exc
+    subject = claims.get("sub")
+    if not isinstance(subject, str) or not subject:
+        raise _claim_error("sub must be a non-empty string")
+    try:
+        validation.label(subject, "sub", MAX_SUBJECT)
+    except InvalidArgument as exc:
+        raise _claim_error(exc.message) from exc
+    return Principal(subject=subject, scope=scope, clearance=clearance)
 
