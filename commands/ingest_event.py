@@ -135,7 +135,8 @@ async def _first(deps: Deps, org: str, command: IngestEvent, event: Event) -> In
     p = event.payload
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         if p["idempotency_key"]:
-            row = await queries.event_by_idempotency_key(conn, org, p["idempotency_key"], command.session_id)
+            row = await queries.event_by_idempotency_key(conn, org, p["idempotency_key"], command.session_id,
+                                                         event.scope.path)
             if row is None:
                 return None
             if (row.event_type, row.content_sha256, row.metadata) != \

@@ -2,7 +2,7 @@
 
 Idempotency (docs/architecture.md, "Retries and idempotency"): the `idempotency-key` header names
 the event id. A key the server issued (ingest_event.event_key) is that id; a key of the caller's
-own is mapped to one, per org and session (`pushed_event_id`). A retry appends the same event id
+own is mapped to one, per writer scope and session (`pushed_event_id`). A retry appends the same event id
 again, and the archive keeps one event per id: it returns the first version if that was applied
 (refused with IDEMPOTENCY_KEY_REUSED if that was another request), and writes it once otherwise.
 """
@@ -25,9 +25,12 @@ from context_engine.hashing import sha256_hex
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
 from context_engine.projections.session_projector import APPLIED, OUT_OF_SCOPE
+from context_engine.scope import Scope
 
 MEMORY_TYPES = ("episodic", "semantic", "working")
-# The event ids of pushes with a caller's key: uuid5 in this namespace of "<org>/<session>/<key>".
+# The event ids of pushes with a caller's key: uuid5 in this namespace of the writer's scope path,
+# the session and the key, one per line (none of them holds a newline). Per writer: a sibling's
+# push with the same key is another request, never a retry of this one.
 PUSH_KEY_NAMESPACE = uuid.UUID("3f4c1a52-8d0e-4b7a-9c61-2e5d7f0b9a13")
 
 
@@ -46,8 +49,8 @@ class Pushed:
     created_at: dt.datetime
 
 
-def pushed_event_id(org_id: str, session_id: str, key: str) -> str:
-    return str(uuid.uuid5(PUSH_KEY_NAMESPACE, f"{org_id}/{session_id}/{key}"))
+def pushed_event_id(writer: Scope, session_id: str, key: str) -> str:
+    return str(uuid.uuid5(PUSH_KEY_NAMESPACE, f"{writer.path}\n{session_id}\n{key}"))
 
 
 async def push_context(deps: Deps, principal: Principal, command: PushContext) -> Pushed:
@@ -61,7 +64,7 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
     if client_key:
-        retried_id = pushed_event_id(org, command.session_id, client_key)
+        retried_id = pushed_event_id(principal.scope, command.session_id, client_key)
 
     event = Event(
         type=MEMORY_PUSHED, scope=principal.scope, actor=principal.subject,

@@ -210,17 +210,20 @@ async def event_by_id(conn: asyncpg.Connection, org_id: str, event_id: str) -> S
 
 
 async def event_by_idempotency_key(conn: asyncpg.Connection, org_id: str, key: str,
-                                   session_id: str | None = None) -> SessionEvent | None:
+                                   session_id: str | None = None,
+                                   writer_scope_path: str | None = None) -> SessionEvent | None:
     """The event that won an idempotency key (rolled back or not). Keys are unique per session
-    (see session_projector); pass the request's session_id. Without it, the earliest event of
-    the org with that key, whichever session it is in. Only clients' keys are stored: a key the
-    server issued (`ce-event:<event id>`, commands/ingest_event.py) names the event id instead."""
+    and writer scope (see session_projector); pass the request's session_id and the caller's
+    scope path. Without them, the earliest event of the org with that key. Only clients' keys are
+    stored: a key the server issued (`ce-event:<event id>`, commands/ingest_event.py) names the
+    event id instead."""
     if not key:
         return None
     r = await conn.fetchrow(
         "SELECT * FROM session_events WHERE org_id = $1 AND idempotency_key = $2 "
-        "AND ($3::text IS NULL OR session_id = $3) ORDER BY occurred_at, event_id LIMIT 1",
-        org_id, key, session_id)
+        "AND ($3::text IS NULL OR session_id = $3) AND ($4::text IS NULL OR scope_path = $4) "
+        "ORDER BY occurred_at, event_id LIMIT 1",
+        org_id, key, session_id, writer_scope_path)
     return _session_event(r) if r else None
 
 

@@ -35,8 +35,10 @@ Payloads (built by the command handlers; every hash is lowercase hex SHA-256):
     content_sha256: str (SHA-256 of the raw content = IngestEventResponse.version_hash),
     token_count: int, idempotency_key: str (optional; "" = none)
   -> session_events row, and a chain item (kind 'event'). If an earlier event of the same
-     session carries the same non-empty idempotency_key, nothing (outcome IDEMPOTENCY_KEY_TAKEN;
-     the handler answers with `queries.event_by_idempotency_key`). Per session, because every
+     session and the same writer scope carries the same non-empty idempotency_key, nothing
+     (outcome IDEMPOTENCY_KEY_TAKEN; the handler answers with `queries.event_by_idempotency_key`).
+     Per writer: a key names one request of one scope, and another scope's never answers it.
+     Per session, because every
      decision of the projector may depend only on the session's own (single-partition) history:
      across partitions there is no log order, and replay would decide differently.
 - `memory.pushed` (schema 1):
@@ -108,6 +110,7 @@ from context_engine.events import (
     decode,
 )
 from context_engine.errors import InvalidArgument, unavailable_cause
+from context_engine.guardrails.signing import PLATFORM_ORG
 from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
 from context_engine.projections.database import require_standard_strings, set_config_sql, sql_literal
 from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
@@ -118,7 +121,7 @@ from context_engine.validation import is_canonical_uuid, is_identifier
 from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, indexing_job, pii_scan_job
 
 from .chunk_projection import SEMANTIC, BulkLoad, ChunkProjection
-from .guardrail_projection import apply_guardrail_published
+from .guardrail_projection import apply_guardrail_published, refuse_layers
 from .records import LogRecord
 from .statement_batch import NOTHING, StatementBatch
 
@@ -251,6 +254,13 @@ async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[
                        events: Sequence[Event | None], indexes: list[int],
                        results: list[Applied | None], bulk: BulkLoad | None) -> None:
     """Archive one org's records of the batch and apply the fresh ones, in log order."""
+    # A guardrail layer the projection refuses (an untrusted key, a bad signature...) is neither
+    # archived nor applied: the refusal writes nothing (projections/guardrail_projection.py).
+    if refused := await refuse_layers(conn, org_id, [events[i] for i in indexes]):
+        for i in indexes:
+            if (why := refused.get(events[i].event_id)) is not None:
+                results[i] = _applied(records[i], events[i], why.outcome)
+        indexes = [i for i in indexes if events[i].event_id not in refused]
     fresh = await _archive(conn, org_id, [(records[i], events[i]) for i in indexes])
     applier = _OrgApplier(conn, org_id, bulk)
     todo = []
@@ -263,7 +273,7 @@ async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[
             results[i] = _applied(records[i], events[i], DUPLICATE)
     await applier.load_sessions({sid for i in todo if (sid := _session_id(events[i]))})
     await applier.load_idempotency_keys(
-        {(sid, k) for i in todo if events[i].type == EVENT_INGESTED
+        {(sid, events[i].scope.path, k) for i in todo if events[i].type == EVENT_INGESTED
          and (sid := _session_id(events[i])) and (k := _idempotency_key(events[i]))})
     for i in todo:
         try:
@@ -385,7 +395,8 @@ def _decode(rec: LogRecord) -> Event:
         ids = (sc.org_id, sc.pillar_id, sc.team_id, sc.agent_id)
         if not all(isinstance(x, str) for x in (*ids, ev.actor, ev.aggregate)):
             raise ValueError("scope ids, actor and aggregate must be strings")
-        Scope.parse(*ids)
+        if not (ev.type == GUARDRAIL_PUBLISHED and ids == (PLATFORM_ORG, "", "", "")):
+            Scope.parse(*ids)  # the platform's L1 layers are the one scope no caller can have
         if not is_sha256_hex(ev.content_hash):
             raise ValueError("content_hash is not a lowercase hex SHA-256")
     except (EventDecodeError, InvalidArgument, ValueError, TypeError, AttributeError, RecursionError) as exc:
@@ -580,7 +591,7 @@ class _OrgApplier:
         self.conn = conn
         self.org_id = org_id
         self.sessions: dict[str, _Session] = {}
-        self.used_keys: set[tuple[str, str]] = set()  # (session_id, idempotency_key)
+        self.used_keys: set[tuple[str, str, str]] = set()  # (session_id, writer scope path, idempotency_key)
         self.pending = _Pending()
         self.chunks = ChunkProjection(conn, org_id, bulk=bulk)
 
@@ -596,16 +607,16 @@ class _OrgApplier:
                 r["genesis"], r["version"], r["seq"], r["max_seq"], r["item_count"],
                 r["active_count"], r["created_at"], r["updated_at"], str(r["last_event_id"]))
 
-    async def load_idempotency_keys(self, keys: set[tuple[str, str]]) -> None:
+    async def load_idempotency_keys(self, keys: set[tuple[str, str, str]]) -> None:
         if keys:
-            sessions, values = _columns(sorted(keys), 2)
+            sessions, writers, values = _columns(sorted(keys), 3)
             rows = await self.conn.fetch(
-                "SELECT e.session_id, e.idempotency_key FROM session_events e "
-                "JOIN unnest($2::text[], $3::text[]) AS u(session_id, k) "
-                "  ON e.session_id = u.session_id AND e.idempotency_key = u.k "
+                "SELECT e.session_id, e.scope_path, e.idempotency_key FROM session_events e "
+                "JOIN unnest($2::text[], $3::text[], $4::text[]) AS u(session_id, scope_path, k) "
+                "  ON e.session_id = u.session_id AND e.scope_path = u.scope_path AND e.idempotency_key = u.k "
                 "WHERE e.org_id = $1",
-                self.org_id, sessions, values)
-            self.used_keys.update((r["session_id"], r["idempotency_key"]) for r in rows)
+                self.org_id, sessions, writers, values)
+            self.used_keys.update((r["session_id"], r["scope_path"], r["idempotency_key"]) for r in rows)
 
     async def apply(self, rec: LogRecord, ev: Event) -> Applied:
         p = ev.payload
@@ -614,13 +625,13 @@ class _OrgApplier:
             return _applied(rec, ev, OUT_OF_SCOPE)
         if ev.type == EVENT_INGESTED:
             key = _idempotency_key(ev)
-            if key and (sid, key) in self.used_keys:
+            if key and (sid, ev.scope.path, key) in self.used_keys:
                 return _applied(rec, ev, IDEMPOTENCY_KEY_TAKEN)
             content = _content(p)
             s = self._session(p["session_id"], ev)
             seq, version = self._append(s, ev, "event")
             if key:
-                self.used_keys.add((s.session_id, key))
+                self.used_keys.add((s.session_id, ev.scope.path, key))
             sc = ev.scope
             self.pending.events.append((
                 ev.event_id, s.session_id, seq, sc.path, sc.pillar_id, sc.team_id, sc.agent_id,

@@ -492,6 +492,25 @@ async def test_rollback_deactivates_later_items_and_chains_from_the_target(conn:
     assert (await in_org(conn, org, queries.session_has_version, "s", results[1].version)) == 8
 
 
+async def test_a_rollback_from_any_scope_but_the_owner_changes_nothing(conn: asyncpg.Connection) -> None:
+    """The rule of visibility.may_rewrite holds in the projector too, for events already on the log."""
+    org, log = new_org(), Log()
+    owner = Scope(org, "pillar")
+    first = Event(EVENT_INGESTED, owner, session_aggregate(org, "s"), "u", ingest(org, "s", "a").payload)
+    second = Event(EVENT_INGESTED, owner, session_aggregate(org, "s"), "u", ingest(org, "s", "b").payload)
+    [a, _] = await apply_batch(conn, log.append(first, second))
+    before = (await item_versions(conn, org, "s"), await in_org(conn, org, queries.get_session, "s"))
+    below, sibling, above = Scope(org, "pillar", "team"), Scope(org, "other"), Scope(org)
+    results = await apply_batch(conn, log.append(*(
+        Event(SESSION_ROLLED_BACK, at, session_aggregate(org, "s"), "admin-1",
+              {"session_id": "s", "target_version": a.version}) for at in (below, sibling, above))))
+    assert [r.outcome for r in results] == [OUT_OF_SCOPE] * 3
+    assert (await item_versions(conn, org, "s"), await in_org(conn, org, queries.get_session, "s")) == before
+    [done] = await apply_batch(conn, log.append(Event(SESSION_ROLLED_BACK, owner, session_aggregate(org, "s"),
+                                                      "admin-1", {"session_id": "s", "target_version": a.version})))
+    assert (done.outcome, done.version) == (APPLIED, a.version)
+
+
 async def test_rollback_to_an_unknown_target_changes_nothing(conn: asyncpg.Connection) -> None:
     org, log = new_org(), Log()
     await apply_batch(conn, log.append(ingest(org, "s", "a"), ingest(org, "s", "b")))
@@ -569,6 +588,21 @@ async def test_a_worker_role_subject_to_rls_projects_the_same(conn: asyncpg.Conn
     for o in orgs:
         mine = [e.content_hash for e in events if e.scope.org_id == o and e.type == EVENT_INGESTED]
         assert (await in_org(conn, o, queries.get_session, "s")).version == chain(key(o, "s"), mine)[-1]
+
+
+async def test_an_idempotency_key_belongs_to_its_writer(conn: asyncpg.Connection) -> None:
+    """Two teams writing into their org's session with the same key write two events; each one's
+    retry is answered with its own."""
+    org, log = new_org(), Log()
+    emea, apac = Scope(org, "pillar", "emea"), Scope(org, "pillar", "apac")
+    opened = keyed(org, "s", "opened", "", at=Scope(org))
+    mine, theirs = keyed(org, "s", "x", "k-1", at=emea), keyed(org, "s", "x", "k-1", at=apac)
+    retry = keyed(org, "s", "x", "k-1", at=emea)
+    results = await apply_batch(conn, log.append(opened, mine, theirs, retry))
+    assert [r.outcome for r in results] == [APPLIED, APPLIED, APPLIED, IDEMPOTENCY_KEY_TAKEN]
+    for writer, event in ((emea, mine), (apac, theirs)):
+        found = await in_org(conn, org, queries.event_by_idempotency_key, "k-1", "s", writer.path)
+        assert found.event_id == event.event_id
 
 
 async def test_an_idempotency_key_is_projected_once_per_session(conn: asyncpg.Connection) -> None:

@@ -1,0 +1,41 @@
+"""An idempotency-key is one writer's: a sibling sending the same key into a session both write to
+writes its own event, learns nothing of the other's, and each one's retry returns its own."""
+
+from __future__ import annotations
+
+import pytest
+from upsquad.context.v1 import context_pb2 as pb
+
+from tests.fixtures.engine import unique
+
+pytestmark = pytest.mark.integration
+
+KEY = (("idempotency-key", "shared-key-1"),)
+
+
+@pytest.mark.parametrize("same_content", [True, False])
+async def test_a_siblings_key_is_another_request(quiet_engine, same_content) -> None:
+    org = unique("keys")
+    session = "shared"
+    await quiet_engine.caller(org)("IngestEvent", pb.IngestEventRequest(
+        session_id=session, event_type="message", content=b"opened by the org"))
+    emea, apac = quiet_engine.caller(org, "sales", "emea"), quiet_engine.caller(org, "sales", "apac")
+    theirs_content = b"emea's turn" if same_content else b"apac's own turn"
+
+    mine = await emea("IngestEvent", pb.IngestEventRequest(
+        session_id=session, event_type="message", content=b"emea's turn"), *KEY)
+    theirs = await apac("IngestEvent", pb.IngestEventRequest(
+        session_id=session, event_type="message", content=theirs_content), *KEY)
+    assert theirs.event_id != mine.event_id
+    retried = await emea("IngestEvent", pb.IngestEventRequest(
+        session_id=session, event_type="message", content=b"emea's turn"), *KEY)
+    assert retried.event_id == mine.event_id
+
+    await emea("PushContext", pb.PushContextRequest(
+        session_id=session, memory_type="working", content=b"emea memory"), *KEY)
+    await apac("PushContext", pb.PushContextRequest(
+        session_id=session, memory_type="working",
+        content=b"emea memory" if same_content else b"apac memory"), *KEY)
+    for caller, content in ((emea, b"emea memory"), (apac, b"emea memory" if same_content else b"apac memory")):
+        pulled = await caller("PullContext", pb.PullContextRequest(session_id=session))
+        assert pulled.content == content  # each team's own version (a sibling's is never visible)
