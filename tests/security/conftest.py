@@ -20,3 +20,24 @@ def unchanged_rows(engine):
         assert changed(before, await row_counts(url)) == {}
 
     return guard
+
+
+@pytest.fixture(scope="session")
+async def quiet_engine(postgres_url, kafka_bootstrap, tmp_path_factory):
+    """A deployment of the suite's own, with the detector sidecar as the shared one has it, that
+    samples no savings: once its background work has settled (tests.security.world.settled),
+    nothing but a request writes a row, so a refusal's row counts prove it wrote nothing."""
+    from context_engine.embedded.process import free_port
+    from tests.fixtures.detector_stub import StubDetector
+    from tests.fixtures.engine import running_engine
+
+    home = tmp_path_factory.mktemp("security-home")
+    detector = StubDetector(free_port(), home / "detector-models", {})
+    await detector.start()
+    try:
+        async with running_engine(postgres_url, kafka_bootstrap, home, extra_env={
+                "CONTEXT_ENGINE_DETECTOR_PORT": str(detector.port),
+                "CONTEXT_ENGINE_SAVINGS_SAMPLE_RATE": "0"}) as running:
+            yield running
+    finally:
+        await detector.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import asyncpg
 
 TABLES_SQL = """
@@ -31,3 +33,11 @@ def changed(before: dict[str, int], after: dict[str, int]) -> dict[str, tuple[in
     """Tables whose count differs: {table: (before, after)}; empty when nothing was written."""
     return {t: (before.get(t, 0), after.get(t, 0)) for t in sorted(before.keys() | after.keys())
             if before.get(t, 0) != after.get(t, 0)}
+
+
+@contextlib.asynccontextmanager
+async def unchanged(admin_url: str):
+    """`async with unchanged(url): <refused request>`: fails when any table's row count moved."""
+    before = await row_counts(admin_url)
+    yield
+    assert changed(before, await row_counts(admin_url)) == {}

@@ -1,0 +1,68 @@
+"""The scopes the adversarial suite writes and reads as, and the written rule it checks them by.
+
+`sees` is ARCHITECTURE.md section 6 in its own words, deliberately not the engine's code: "a
+caller sees what is owned at its own scope and at its ancestors' scopes ... never a sibling's";
+an item is owned by the scope that wrote it. `may_rewrite` is docs/security.md's rule for
+destructive operations: only the session's owner scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+
+from context_engine.scope import Scope
+from tests.fixtures.engine import unique
+
+
+def scopes() -> dict[str, Scope]:
+    """Writers and readers at every level, with fresh org ids. The other org reuses the pillar and
+    team ids of ours, so an id alone can never be what grants access."""
+    org, other = unique("acme"), unique("other")
+    return {
+        "org": Scope(org),
+        "pillar": Scope(org, "sales"),
+        "team": Scope(org, "sales", "emea"),
+        "agent": Scope(org, "sales", "emea", "bot-1"),
+        "sibling_team": Scope(org, "sales", "apac"),
+        "sibling_agent": Scope(org, "sales", "emea", "bot-2"),
+        "other_pillar": Scope(org, "support"),
+        "other_org": Scope(other, "sales", "emea"),
+    }
+
+
+def sees(reader: Scope, owner: Scope) -> bool:
+    """Whether `reader` may see an item owned at `owner`: the owner is the reader or one of its
+    ancestors — the same org, and the owner's path a whole-segment prefix of the reader's."""
+    reader_path = [reader.org_id, reader.pillar_id, reader.team_id, reader.agent_id]
+    owner_path = [owner.org_id, owner.pillar_id, owner.team_id, owner.agent_id]
+    depth = next((i for i, part in enumerate(owner_path) if not part), 4)
+    return reader_path[:depth] == owner_path[:depth]
+
+
+def may_rewrite(caller: Scope, session_owner: Scope) -> bool:
+    return caller == session_owner
+
+
+async def settled(admin_url: str, timeout: float = 120.0) -> None:
+    """Wait until the worker's background work for what was written is done: every chunk has its
+    vector, no memory waits for its PII scan, no chunk indexing is pending. Then nothing changes
+    rows until the next request (the deployment samples no savings: SAVINGS_SAMPLE_RATE 0)."""
+    conn = await asyncpg.connect(admin_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            pending = await conn.fetchval(
+                "SELECT (SELECT count(*) FROM chunks WHERE embedding IS NULL)"
+                "     + (SELECT count(*) FROM memory_versions WHERE pii_status = 'pending')"
+                "     + (SELECT count(*) FROM indexing_requests)"
+                "     + (SELECT count(*) FROM vector_assignments)")
+            if pending == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pending} background items still pending after {timeout:.0f}s")
+            await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
