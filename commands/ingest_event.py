@@ -151,4 +151,6 @@ async def _first(deps: Deps, org: str, command: IngestEvent, event: Event) -> In
             raise key_reused(command.idempotency_key, archived.event_id)
         if (row := await queries.event_by_id(conn, org, event.event_id)) is None:
             raise session_claimed_elsewhere(command.session_id)  # archived, not applied: OUT_OF_SCOPE
+        if row.scope_path != event.scope.path:  # another scope's event: never an answer to this caller
+            raise key_reused(command.idempotency_key, archived.event_id)
         return Ingested(row.event_id, row.content_sha256, row.token_count)

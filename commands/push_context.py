@@ -110,4 +110,6 @@ async def _first(deps: Deps, org: str, command: PushContext, event: Event) -> Pu
             raise key_reused(command.idempotency_key, archived.event_id)
         if (row := await queries.memory_by_event_id(conn, org, event.event_id)) is None:
             raise session_claimed_elsewhere(command.session_id)  # archived, not applied: OUT_OF_SCOPE
+        if row.scope_path != event.scope.path:  # another scope's version: never an answer to this caller
+            raise key_reused(command.idempotency_key, archived.event_id)
         return Pushed(row.content_sha256, row.created_at)

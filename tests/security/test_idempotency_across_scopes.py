@@ -3,9 +3,11 @@ writes its own event, learns nothing of the other's, and each one's retry return
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from upsquad.context.v1 import context_pb2 as pb
 
+from context_engine.api.status import error_info
 from tests.fixtures.engine import unique
 
 pytestmark = pytest.mark.integration
@@ -39,3 +41,18 @@ async def test_a_siblings_key_is_another_request(quiet_engine, same_content) -> 
     for caller, content in ((emea, b"emea memory"), (apac, b"emea memory" if same_content else b"apac memory")):
         pulled = await caller("PullContext", pb.PullContextRequest(session_id=session))
         assert pulled.content == content  # each team's own version (a sibling's is never visible)
+
+
+async def test_a_server_key_naming_a_siblings_event_is_refused(quiet_engine) -> None:
+    """`ce-event:<id>` of another scope's event, with the same bytes: refused as another request,
+    not answered as if it were the caller's own write."""
+    org = unique("keys")
+    await quiet_engine.caller(org)("IngestEvent", pb.IngestEventRequest(
+        session_id="shared", event_type="message", content=b"opened by the org"))
+    emea, apac = quiet_engine.caller(org, "sales", "emea"), quiet_engine.caller(org, "sales", "apac")
+    request = pb.IngestEventRequest(session_id="shared", event_type="message", content=b"emea's turn")
+    mine = await emea("IngestEvent", request)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await apac("IngestEvent", request, ("idempotency-key", f"ce-event:{mine.event_id}"))
+    assert (err.value.code(), error_info(err.value).reason) == \
+        (grpc.StatusCode.FAILED_PRECONDITION, "IDEMPOTENCY_KEY_REUSED")
