@@ -14,13 +14,21 @@ Roles (see also projections/database.py):
   grant to it, so they never need to know the configured login name.
 - The login role of the API (`app_role`, default `context_engine_app`) is created LOGIN,
   NOSUPERUSER, NOBYPASSRLS and made a member of the group. An existing role that is superuser or
-  has BYPASSRLS is refused rather than silently altered.
+  has BYPASSRLS is refused rather than silently altered. Its password, when one is given, is set
+  as a SCRAM verifier computed here: the server (and its log) never sees the password itself.
+- `context_engine_system` is a NOLOGIN role for the worker's reads across orgs: the policies that
+  open every org's rows under `app.org_id = '_system'` apply to its members only (0016). It is
+  granted (INHERIT) to the admin role, never to the app role or the group: migrate refuses to
+  run when either holds it, or when the admin role is the app role.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -29,6 +37,7 @@ import asyncpg
 
 MIGRATIONS_DIR = Path(__file__).parent / "sql"
 API_GROUP_ROLE = "context_engine_api"
+SYSTEM_ROLE = "context_engine_system"
 APP_ROLE = "context_engine_app"
 EXTENSIONS = ("vector", "pg_trgm")
 # pg_advisory_lock key: "ctxengmg" as a big-endian int64.
@@ -79,6 +88,22 @@ def app_url(admin_url: str, role: str, password: str | None = None) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def scram_verifier(password: str, iterations: int = 4096) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for `password` (RFC 7677; the server's own
+    format and default iteration count). `ALTER ROLE ... PASSWORD '<verifier>'` sets the
+    password without the statement carrying it. The password must be ASCII (SASLprep leaves
+    printable ASCII unchanged, so the verifier is the server's own); ours are hex."""
+    if not password.isascii():
+        raise ValueError("scram_verifier takes ASCII passwords only")
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    b64 = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
+    return (f"SCRAM-SHA-256${iterations}:{b64(salt)}$"
+            f"{b64(hashlib.sha256(client_key).digest())}:{b64(server_key)}")
+
+
 async def migrate(admin_url: str, *, app_role: str = APP_ROLE,
                   app_password: str | None = None, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Bring the database of `admin_url` to the current schema; return the versions applied now."""
@@ -125,9 +150,12 @@ async def migrate(admin_url: str, *, app_role: str = APP_ROLE,
 
 
 async def _ensure_roles(conn: asyncpg.Connection, app_role: str, password: str | None) -> None:
+    if await conn.fetchval("SELECT current_user") == app_role:
+        raise MigrationError(f"the admin URL connects as the app role {app_role!r}: migrate and the "
+                             "worker need their own role (the app role must not read across orgs)")
     # Roles are cluster-wide while the advisory lock is per database: tolerate a concurrent
     # creator in another database of the same server.
-    for role, login in ((API_GROUP_ROLE, False), (app_role, True)):
+    for role, login in ((API_GROUP_ROLE, False), (SYSTEM_ROLE, False), (app_role, True)):
         await conn.execute(f"""
             DO $$ BEGIN
                 IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN
@@ -140,9 +168,27 @@ async def _ensure_roles(conn: asyncpg.Connection, app_role: str, password: str |
         if row["rolsuper"] or row["rolbypassrls"]:
             raise MigrationError(f"role {role!r} exists with SUPERUSER or BYPASSRLS: row-level "
                                  "security would not apply to the API; use another role name")
+    for role in (API_GROUP_ROLE, app_role):
+        if await conn.fetchval("SELECT pg_has_role($1, $2, 'MEMBER')", role, SYSTEM_ROLE):
+            raise MigrationError(f"role {role!r} is a member of {SYSTEM_ROLE!r}, which reads every "
+                                 f"org's rows: REVOKE {SYSTEM_ROLE} FROM {role}")
+    # The admin reads across orgs through the role (a superuser would anyway; an owner subject
+    # to FORCE ROW LEVEL SECURITY needs it). pg_has_role is true of every role for a superuser:
+    # look at the grant itself.
+    granted = await conn.fetchval("""
+        SELECT EXISTS (SELECT FROM pg_auth_members m
+                       JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles u ON u.oid = m.member
+                       WHERE r.rolname = $1 AND u.rolname = current_user AND m.inherit_option)""",
+                                  SYSTEM_ROLE)
+    if not granted:
+        try:
+            await conn.execute(f'GRANT "{SYSTEM_ROLE}" TO CURRENT_USER WITH INHERIT TRUE, SET FALSE')
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise MigrationError(f"the admin role cannot grant itself {SYSTEM_ROLE!r} ({exc}); as a "
+                                 f"superuser: GRANT {SYSTEM_ROLE} TO <admin role> WITH INHERIT TRUE") from exc
     if password is not None:
         stmt = await conn.fetchval("SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)",
-                                   app_role, password)
+                                   app_role, scram_verifier(password))
         await conn.execute(stmt)
 
 

@@ -90,7 +90,8 @@ async def test_postgres_persists_across_restarts_and_leaves_no_process(service_t
     print(f"postgres restart {time.monotonic() - started:.2f}s")
     assert pg.port == port
     assert pg.socket_dir == tmp_path / "data"
-    conn = await asyncpg.connect(user="postgres", database="app", host=str(pg.socket_dir), port=pg.port)
+    conn = await asyncpg.connect(user="postgres", password=pg.password, database="app",
+                                 host=str(pg.socket_dir), port=pg.port)
     assert await conn.fetchval("SELECT x FROM t") == 42
     await conn.close()
 

@@ -8,6 +8,7 @@ succeeded (`pytest -s` shows them); they assert that calls succeed again, not ho
 import asyncio
 import collections
 import concurrent.futures
+import json
 import os
 import pathlib
 import re
@@ -130,9 +131,11 @@ class Up:
         raise AssertionError("up never reached SERVING:\n" + "".join(self.lines))
 
     def database_url(self) -> str:
+        """The admin URL with its password: from the stack file (up prints it redacted)."""
         for line in self.lines:
             if match := re.search(r"PostgreSQL \(embedded, pid \d+\) at (\S+)", line):
-                return match[1]
+                assert ":***@" in match[1], match[1]
+                return json.loads((self.home / "run" / "stack.json").read_text())["database_url"]
         raise AssertionError("no database line:\n" + "".join(self.lines))
 
     def finish(self, timeout: float = 30) -> str:
