@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     # The API's own connection: a role without BYPASSRLS. Default: database_url with the
     # credentials of the app role that migrations create.
     api_database_url: str | None = None
+    # PostgreSQL passwords (docs/security.md, "PostgreSQL"). The app role's password: `up`
+    # generates it into this file (default <home>/keys/postgres-app.password, 0600) unless it
+    # exists, sets it (migrate) and the API connects with it. Not used when api_database_url is
+    # given. The embedded superuser's is <home>/keys/postgres-superuser.password.
+    database_app_password_file: pathlib.Path | None = None
     kafka_bootstrap: str | None = None
 
     # Ports of the embedded PostgreSQL and broker (0 = pick a free port at start).
@@ -69,6 +74,20 @@ class Settings(BaseSettings):
     # Restore the broker from the PostgreSQL archive when it holds less (memory-only brokers).
     restore_log_from_archive: bool = True
 
+    # Who may write the log (docs/security.md, "The log"). Every record carries an HMAC-SHA256 by a
+    # key of this keyring (streams/record_auth.py); the default <home>/keys/log-hmac.keyring is made
+    # (0600) on first use. Set it on every host of a multi-host deployment, to a copy of one file.
+    log_keyring_file: pathlib.Path | None = None
+    # An external Kafka's own authentication, given to every client of it (streams/kafka_security.py).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: pathlib.Path | None = None  # default: the system's CAs
+    kafka_ssl_certfile: pathlib.Path | None = None  # a client certificate (mutual TLS), with its key:
+    kafka_ssl_keyfile: pathlib.Path | None = None
+    kafka_ssl_key_password: SecretStr | None = None
+
     # Limits. Every content up to this many bytes is accepted end to end; the log's record limits
     # follow from it (streams/log.py), within the 16 MiB its topics are created to take.
     max_content_bytes: int = Field(default=1024 * 1024, ge=1, le=8 * 1024 * 1024)
@@ -93,8 +112,15 @@ class Settings(BaseSettings):
     rpc_timeout_seconds: float = 30.0
     shutdown_grace_seconds: float = 5.0
 
-    # The detector is an internal sidecar: optional shared token required from callers.
+    # No way in from the host (docs/security.md, "Guardrail layers and the detector").
+    # The detector refuses every call without `authorization: Bearer <token>`: this token when set,
+    # else the secret in detector_service_token_file (default <home>/keys/detector-service.token,
+    # made 0600 by `up` or whichever of the detector and its clients needs it first).
     detector_service_token: SecretStr | None = None
+    detector_service_token_file: pathlib.Path | None = None
+    # The keys guardrail layers are accepted from and served by (context_engine/guardrails/trust.py):
+    # fingerprints (64 hex) and/or PEM key files, JSON. Empty: <home>/keys/guardrail-ed25519.pem only.
+    guardrail_trusted_keys: list[str] = []
 
     # Embeddings. "minilm" (all-MiniLM-L6-v2 int8, 384-d, offline) or "openai" (any
     # OpenAI-compatible /embeddings endpoint). The running embedder defines model_version.
@@ -172,6 +198,18 @@ class Settings(BaseSettings):
     @property
     def hs256_key_path(self) -> pathlib.Path:
         return self.jwt_hs256_key_file or self.home_dir / "keys" / "jwt-hs256.key"
+
+    @property
+    def log_keyring_path(self) -> pathlib.Path:
+        return self.log_keyring_file or self.home_dir / "keys" / "log-hmac.keyring"
+
+    @property
+    def app_password_path(self) -> pathlib.Path:
+        return self.database_app_password_file or self.home_dir / "keys" / "postgres-app.password"
+
+    @property
+    def detector_service_token_path(self) -> pathlib.Path:
+        return self.detector_service_token_file or self.home_dir / "keys" / "detector-service.token"
 
     @property
     def api_address(self) -> str:

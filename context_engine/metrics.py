@@ -4,7 +4,7 @@ not reconstructed by a benchmark.
 - The API process: every RPC's duration and status, and the time of each stage of the two query
   paths (Search and AssembleContext); at `metrics_port`.
 - The stream worker: the projector's batches (time, events), the vector assignments after its
-  commits, and the embedder's batches; at `worker_metrics_port`.
+  commits, the embedder's batches, and the records refused as not authentic; at `worker_metrics_port`.
 
 Exposed over HTTP (`/metrics`, the Prometheus text format); docs/operations.md.
 """
@@ -52,9 +52,22 @@ PROJECTOR_REJECTED_EVENTS = Counter(
     "context_engine_projector_rejected_events",
     "Records of the domain topic the projector set aside (rejected_events): undecodable, or not applicable.")
 
+LOG_RECORDS_REFUSED = Counter(
+    "context_engine_log_records_refused",
+    "Records of the log a worker agent dropped unread: no valid authenticator from a trusted writer "
+    "(streams/record_auth.py), by stream (events, embedding, pii, ...) and reason (missing, malformed, "
+    "unknown_key, bad_mac).",
+    ["stream", "reason"])
+
 PROJECTOR_BATCH_EVENTS = Histogram(
     "context_engine_projector_batch_events", "Events in one projector batch.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+
+GUARDRAIL_LAYERS_REFUSED = Counter(
+    "context_engine_guardrail_layers_refused",
+    "guardrail.published events the projector refused, writing nothing (projections/guardrail_projection.py), "
+    "by outcome (REJECTED_UNTRUSTED_KEY, REJECTED_BAD_SIGNATURE, REJECTED_STALE, ...); a redelivery counts again.",
+    ["outcome"])
 
 VECTOR_ASSIGNMENT_SECONDS = Histogram(
     "context_engine_vector_assignment_seconds",
