@@ -32,6 +32,7 @@ import json
 import os
 import pathlib
 import platform
+import secrets
 import statistics
 import sys
 import tempfile
@@ -143,11 +144,14 @@ async def in_process(models_dir: pathlib.Path | None) -> AsyncIterator[tuple[str
     from context_engine.inference.detector.settings import DetectorSettings
 
     settings = DetectorSettings(models_dir=models_dir) if models_dir else DetectorSettings()
-    hosted, servicer = build_detector_server(Settings(), settings, address="127.0.0.1:0")
+    # The server requires a service token, as every detector does: one for this run (bench() sends it).
+    token = secrets.token_hex(16)
+    hosted, servicer = build_detector_server(Settings(detector_service_token=token), settings, address="127.0.0.1:0")
     await start_detector(hosted, servicer)
     try:
         yield f"127.0.0.1:{hosted.port}", {"settings": json.loads(settings.model_dump_json()),
-                                           "health": servicer.health(), "problems": servicer.problems()}
+                                           "health": servicer.health(), "problems": servicer.problems(),
+                                           "token": token}
     finally:
         await hosted.stop(0)
         servicer.close()
@@ -175,6 +179,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 models_dir = build_tiny_models(root).models_dir
                 report["tiny_models_build_s"] = round(time.perf_counter() - started, 2)
             address, server_info = await stack.enter_async_context(in_process(models_dir))
+            args.token = server_info.pop("token")  # never reported
             report["server"] = {"address": address, "mode": "in-process", **server_info}
         metadata = (("authorization", f"Bearer {args.token}"),) if args.token else None
         channel = await stack.enter_async_context(grpc.aio.insecure_channel(address))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from context_engine.inference.detector.settings import GLINER_NAME
+from context_engine.inference.detector.token import service_token
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 if TYPE_CHECKING:
@@ -98,9 +99,9 @@ class PiiClient:
     @classmethod
     def from_settings(cls, settings: Settings, *, tenant_id: str = "",
                       timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> PiiClient:
-        """A client for the engine's configured detector (address and service token)."""
-        token = settings.detector_service_token
-        return cls(settings.detector_address, service_token=token.get_secret_value() if token else None,
+        """A client for the engine's configured detector: its address, and the service token it
+        requires (detector_service_token, else the home's token file: inference/detector/token.py)."""
+        return cls(settings.detector_address, service_token=service_token(settings),
                    timeout_seconds=timeout_seconds, tenant_id=tenant_id)
 
     async def __aenter__(self) -> PiiClient:

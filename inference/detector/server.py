@@ -1,5 +1,10 @@
 """The ML detector sidecar process: gRPC server, per-model health, graceful shutdown.
 
+Every RPC of MLDetectorService needs `authorization: Bearer <service token>`
+(inference/detector/token.py; UNAUTHENTICATED, reason SERVICE_TOKEN_REJECTED, otherwise). The
+gRPC health checks and reflection stay open: they carry no data, and the supervisor and
+orchestrators' probes (which cannot send metadata) use them.
+
 Health names: "" (the process) and "upsquad.ml.v1.MLDetectorService" are SERVING once the server
 is up; "prompt-guard-86m" and "gliner-small-v2.1" are SERVING only while that model is loaded (and,
 for GLiNER, while its anti-collapse canary passes). The server starts before the weights load, so
@@ -18,6 +23,7 @@ from context_engine.api.server import HostedServer, ServiceBinding, build_server
 from context_engine.config import Settings
 from context_engine.inference.detector.service import MODEL_NAMES, SERVICE_NAME, DetectorServicer
 from context_engine.inference.detector.settings import DetectorSettings
+from context_engine.inference.detector.token import service_token
 from upsquad.ml.v1 import detector_pb2_grpc
 
 log = structlog.get_logger("context_engine.detector")
@@ -26,11 +32,13 @@ log = structlog.get_logger("context_engine.detector")
 def build_detector_server(settings: Settings, detector_settings: DetectorSettings | None = None, *,
                           address: str | None = None,
                           servicer: DetectorServicer | None = None) -> tuple[HostedServer, DetectorServicer]:
-    """A detector server bound to `address` (default settings.detector_address), not started."""
+    """A detector server bound to `address` (default settings.detector_address), not started.
+    Every call but the health checks needs the service token (inference/detector/token.py);
+    ValueError for a configured token that could not be sent."""
+    token = service_token(settings)  # before anything starts: a bad token fails the start
     servicer = servicer or DetectorServicer(detector_settings or DetectorSettings())
-    interceptors = [ErrorsAndAccessLog()]
-    if settings.detector_service_token is not None:
-        interceptors.append(ServiceToken(settings.detector_service_token.get_secret_value()))
+    interceptors = [ErrorsAndAccessLog(), ServiceToken(token)]
+
     def register(server) -> None:
         detector_pb2_grpc.add_MLDetectorServiceServicer_to_server(servicer, server)
 

@@ -22,7 +22,7 @@ from context_engine.inference.detector.server import build_detector_server, star
 from context_engine.inference.detector.service import DetectorServicer
 from context_engine.inference.detector.settings import DEFAULT_CANARY_EXPECT, DEFAULT_CANARY_TEXT, DetectorSettings
 from tests.fixtures.detector_models import TinyModels, detector_models  # noqa: F401  (fixture)
-from tests.fixtures.detector_stub import CANARY_ENTITIES, StubModel
+from tests.fixtures.detector_stub import CANARY_ENTITIES, StubModel, token_channel
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 PG = "prompt-guard-86m"
@@ -30,6 +30,7 @@ GL = "gliner-small-v2.1"
 SERVICE = "upsquad.ml.v1.MLDetectorService"
 AOIFE = "My name is Aoife Ní Bhriain, born 4 March 1987, living at 78 Rue de Rivoli, Paris."
 HARD = 65536
+TOKEN = "detector-test-token"
 
 
 @dataclass
@@ -44,9 +45,10 @@ class Running:
 
 
 async def _serve(settings: DetectorSettings, servicer: DetectorServicer | None = None) -> AsyncIterator[Running]:
-    hosted, servicer = build_detector_server(Settings(), settings, address="127.0.0.1:0", servicer=servicer)
+    hosted, servicer = build_detector_server(Settings(detector_service_token=TOKEN), settings,
+                                             address="127.0.0.1:0", servicer=servicer)
     await start_detector(hosted, servicer)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{hosted.port}")
+    channel = token_channel(f"127.0.0.1:{hosted.port}", TOKEN)  # as the engine's clients call it
     try:
         yield Running(detector_pb2_grpc.MLDetectorServiceStub(channel), health_pb2_grpc.HealthStub(channel),
                       servicer, settings)
@@ -286,7 +288,7 @@ async def test_long_fragment_is_chunked_without_duplicates(stubbed: Running) -> 
 # --- process wiring ------------------------------------------------------------------------------
 
 
-async def test_service_token_is_required_when_configured(tmp_path: pathlib.Path) -> None:
+async def test_service_token_is_required(tmp_path: pathlib.Path) -> None:
     settings = Settings(detector_service_token="s3cret")
     hosted, servicer = build_detector_server(settings, DetectorSettings(models_dir=tmp_path), address="127.0.0.1:0")
     await start_detector(hosted, servicer)
@@ -322,7 +324,7 @@ async def test_run_detector_serves_until_sigterm(tmp_path: pathlib.Path) -> None
         # the handler is installed as soon as ready returns; the signal comes a moment later
         asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGTERM)
 
-    await asyncio.wait_for(run_detector(Settings(detector_port=0, shutdown_grace_seconds=0.5),
+    await asyncio.wait_for(run_detector(Settings(home=tmp_path, detector_port=0, shutdown_grace_seconds=0.5),
                                         DetectorSettings(models_dir=tmp_path), ready=ready), timeout=30)
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
     assert seen == {"": serving, SERVICE: serving, PG: not_serving, GL: not_serving}

@@ -30,7 +30,8 @@ TOKEN = "s3cret"
 async def _serve(settings: DetectorSettings, servicer: DetectorServicer | None = None,
                  engine_settings: Settings | None = None, address: str = "127.0.0.1:0") -> AsyncIterator[str]:
     """The detector process's own server (a free port by default); yields its address."""
-    hosted, servicer = build_detector_server(engine_settings or Settings(), settings, address=address,
+    hosted, servicer = build_detector_server(engine_settings or Settings(detector_service_token=TOKEN), settings,
+                                             address=address,
                                              servicer=servicer)
     await start_detector(hosted, servicer)
     try:
@@ -57,7 +58,7 @@ async def stubbed_address(tmp_path_factory: pytest.TempPathFactory,
                           stub_model: StubModel) -> AsyncIterator[str]:  # noqa: F811
     settings = DetectorSettings(models_dir=tmp_path_factory.mktemp("stub") / "models")
     servicer = DetectorServicer(settings, pii_model=stub_model, pii_version="stub@1")
-    async for address in _serve(settings, servicer, Settings(detector_service_token=TOKEN)):
+    async for address in _serve(settings, servicer):
         yield address
 
 
@@ -76,7 +77,7 @@ def _texts(text: str, spans: tuple[PiiSpan, ...]) -> list[tuple[str, str]]:
 
 
 async def test_inert_tiny_gliner_raises_unavailable(tiny_address: str) -> None:
-    async with PiiClient(tiny_address, tenant_id="t") as client:
+    async with PiiClient(tiny_address, service_token=TOKEN, tenant_id="t") as client:
         for text in (AOIFE, "nothing here"):
             with pytest.raises(DetectorError) as caught:
                 await client.detect(text)
@@ -85,7 +86,7 @@ async def test_inert_tiny_gliner_raises_unavailable(tiny_address: str) -> None:
 
 
 async def test_no_weights_raises_unavailable_naming_the_import(empty_address: str) -> None:
-    async with PiiClient(empty_address) as client:
+    async with PiiClient(empty_address, service_token=TOKEN) as client:
         with pytest.raises(DetectorError) as caught:
             await client.detect(AOIFE)
     assert "UNAVAILABLE" in str(caught.value) and empty_address in str(caught.value)
@@ -106,7 +107,7 @@ async def test_nothing_listening_fails_within_the_timeout() -> None:
 async def test_the_client_recovers_soon_after_the_detector_comes_back(
         tmp_path, stub_model: StubModel) -> None:  # noqa: F811
     address = f"127.0.0.1:{_free_port()}"
-    async with PiiClient(address, timeout_seconds=1.0) as client:
+    async with PiiClient(address, service_token=TOKEN, timeout_seconds=1.0) as client:
         with pytest.raises(DetectorError):
             await client.detect("hello")
         settings = DetectorSettings(models_dir=tmp_path / "models")
@@ -146,7 +147,7 @@ async def test_a_silent_peer_hits_the_deadline() -> None:
         await server.wait_closed()
 
 
-async def test_service_token_is_sent_as_a_bearer_header(stubbed_address: str) -> None:
+async def test_service_token_is_sent_as_a_bearer_header(stubbed_address: str, tmp_path) -> None:
     async with PiiClient(stubbed_address) as client:
         with pytest.raises(DetectorError, match="UNAUTHENTICATED"):
             await client.detect("hello")
@@ -157,6 +158,12 @@ async def test_service_token_is_sent_as_a_bearer_header(stubbed_address: str) ->
                         detector_service_token=TOKEN)
     async with PiiClient.from_settings(settings, tenant_id="t") as client:
         assert (await client.detect("hello")).spans == ()
+    # Without a configured token, the client sends its home's token file: not this detector's.
+    unset = Settings(home=tmp_path, detector_host="127.0.0.1", detector_port=settings.detector_port)
+    async with PiiClient.from_settings(unset, tenant_id="t") as client:
+        with pytest.raises(DetectorError, match="UNAUTHENTICATED"):
+            await client.detect("hello")
+    assert (tmp_path / "keys" / "detector-service.token").stat().st_mode & 0o777 == 0o600
 
 
 class MalformedDetector(detector_pb2_grpc.MLDetectorServiceServicer):
@@ -183,10 +190,11 @@ class MalformedDetector(detector_pb2_grpc.MLDetectorServiceServicer):
 async def test_a_malformed_response_raises(reply: detector_pb2.DetectPIIResponse, complaint: str) -> None:
     servicer = MalformedDetector()
     servicer.reply = reply
-    hosted, _ = build_detector_server(Settings(), address="127.0.0.1:0", servicer=servicer)  # type: ignore[arg-type]
+    hosted, _ = build_detector_server(Settings(detector_service_token=TOKEN), address="127.0.0.1:0",
+                                      servicer=servicer)  # type: ignore[arg-type]
     await hosted.start()
     try:
-        async with PiiClient(f"127.0.0.1:{hosted.port}") as client:
+        async with PiiClient(f"127.0.0.1:{hosted.port}", service_token=TOKEN) as client:
             with pytest.raises(DetectorError, match="malformed") as caught:
                 await client.detect("Ní")  # "N" is 1 byte, "í" is 2
         assert complaint in caught.value.message

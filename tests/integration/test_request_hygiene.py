@@ -20,6 +20,7 @@ from context_engine.api.status import error_info
 from context_engine.config import Settings
 from context_engine.inference.detector.server import build_detector_server, start_detector
 from context_engine.inference.detector.settings import DetectorSettings
+from context_engine.inference.detector.token import service_token as detector_token
 from tests.fixtures.engine import unique
 from tests.integration.test_session_write_path import archived_count
 
@@ -134,16 +135,16 @@ async def test_an_undecodable_body_writes_nothing(engine):
     assert reply.version_hash == hashlib.sha256(b"x").hexdigest()
 
 
-@pytest.fixture(params=[None, "detector-secret"], ids=["open detector", "detector with service token"])
+@pytest.fixture(params=[None, "detector-secret"], ids=["detector with its home's token", "detector with a set token"])
 async def detector(request, tmp_path):
     """The real detector server over an empty models directory (no weights needed to parse)."""
-    settings = Settings(detector_service_token=request.param) if request.param else Settings()
+    settings = Settings(home=tmp_path, detector_service_token=request.param)
     hosted, servicer = build_detector_server(settings, DetectorSettings(models_dir=tmp_path / "models"),
                                              address="127.0.0.1:0")
     await start_detector(hosted, servicer)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{hosted.port}")
     try:
-        yield channel, request.param
+        yield channel, detector_token(settings)
     finally:
         await channel.close()
         await hosted.stop(0)

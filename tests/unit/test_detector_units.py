@@ -336,3 +336,33 @@ def test_base_install_serves_classify_without_torch(detector_models: TinyModels)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "HEALTH {'prompt-guard-86m': True, 'gliner-small-v2.1': False} prompt-guard-86m@tiny-test" in done.stdout
     assert "PII DETECTOR_EXTRA_MISSING" in done.stdout and "detector" in done.stdout
+
+
+# --- the service token (inference/detector/token.py) ------------------------------------------------
+
+
+def test_without_a_set_token_the_homes_token_file_is_made_once_0600(tmp_path: pathlib.Path) -> None:
+    from context_engine.config import Settings
+    from context_engine.inference.detector.token import service_token
+
+    settings = Settings(home=tmp_path)
+    token = service_token(settings)
+    path = tmp_path / "keys" / "detector-service.token"
+    assert path.read_text().strip() == token and len(token) == 64
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o077 == 0
+    assert service_token(Settings(home=tmp_path)) == token  # every process of the home agrees
+    assert service_token(Settings(home=tmp_path, detector_service_token="set-one")) == "set-one"
+    assert service_token(Settings(home=tmp_path, detector_service_token_file=tmp_path / "t")) != token
+
+
+@pytest.mark.parametrize("token", ["", " ", "two words", "tab\there", "naïve"])
+def test_a_set_token_that_could_not_be_sent_fails_the_start(tmp_path: pathlib.Path, token: str) -> None:
+    from context_engine.config import Settings
+    from context_engine.inference.detector.server import build_detector_server
+    from context_engine.inference.detector.token import service_token
+
+    settings = Settings(home=tmp_path, detector_service_token=token)
+    with pytest.raises(ValueError, match="visible ASCII"):
+        service_token(settings)
+    with pytest.raises(ValueError, match="visible ASCII"):  # an empty one would let an empty bearer in
+        build_detector_server(settings, DetectorSettings(models_dir=tmp_path), address="127.0.0.1:0")
