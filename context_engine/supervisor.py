@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from context_engine.auth import ensure_dev_key
+from context_engine.auth import ensure_dev_key, ensure_secret
 from context_engine.config import ENV_PREFIX, Settings
 from context_engine.embedded.process import child_preexec
+from context_engine.guardrails.signing import ensure_signing_key, operator_key_path
+from context_engine.inference.detector.token import service_token as detector_service_token
 from context_engine.projections.migrate import migrate
 from context_engine.streams import readiness
 from context_engine.streams.topics import LogTopics, ensure_topics
@@ -110,6 +112,14 @@ class Stack:
     def start(self) -> dict[str, str]:
         self.logs.mkdir(parents=True, exist_ok=True)
         ensure_dev_key(self.settings.hs256_key_path)
+        # Before any child starts: the home's guardrail operator key, the one layers are trusted
+        # from by default, and the detector's service token, which the detector requires and its
+        # clients send (both read it from the home; it is never printed).
+        ensure_signing_key(operator_key_path(self.home))
+        try:
+            detector_service_token(self.settings)
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from exc
         env = {k: v for k, v in os.environ.items()}
         env[f"{ENV_PREFIX}HOME"] = str(self.home)
 
@@ -126,7 +136,10 @@ class Stack:
         else:
             self.say(f"PostgreSQL (external) at {_redact(database_url)}")
         env[f"{ENV_PREFIX}DATABASE_URL"] = database_url
-        applied = asyncio.run(migrate(database_url))
+        # The API's role gets its own password (the API reads the same file), unless the operator
+        # gave the API's URL: then that role and its password are theirs.
+        app_password = None if self.settings.api_database_url else ensure_secret(self.settings.app_password_path)
+        applied = asyncio.run(migrate(database_url, app_password=app_password))
         self.say(f"schema migrations: {', '.join(applied) if applied else 'up to date'}")
 
         bootstrap = self.settings.kafka_bootstrap
@@ -272,7 +285,15 @@ def write_stack_file(home, database_url: str, bootstrap: str) -> None:
     run beside it: `context-engine verify --data-dir DIR` then needs no other option."""
     path = stack_file(home)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"database_url": database_url, "kafka_bootstrap": bootstrap}))
+    # 0600: the URL carries the admin's password. A new file replaces one an earlier release
+    # left readable.
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # O_CREAT keeps the mode of a file already there
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"database_url": database_url, "kafka_bootstrap": bootstrap}))
+    os.replace(tmp, path)
 
 
 def read_stack_file(home) -> dict[str, str]:
