@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import os
 import pathlib
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,16 +129,21 @@ def load_signing_key(path: pathlib.Path) -> Ed25519PrivateKey:
 
 
 def ensure_signing_key(path: pathlib.Path) -> Ed25519PrivateKey:
-    """Load the operator key, generating it (0600, written atomically) on first use."""
+    """Load the operator key, generating it on first use: mode 0600, in a directory made 0700,
+    linked into place whole, so that of two processes making it at once (`up` and a command) the
+    first one's file wins and both use it."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         pem = Ed25519PrivateKey.generate().private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(pem)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
     return load_signing_key(path)
 
 

@@ -49,29 +49,36 @@ def trust_entries(settings: Settings) -> tuple[str, ...]:
 
 def trusted_fingerprints(settings: Settings) -> frozenset[str]:
     """The fingerprints of the keys `settings` trusts (see the module docstring)."""
+    return _resolve(settings)[0]
+
+
+def configured_trusted_fingerprints() -> frozenset[str]:
+    """The trust set of this process's settings (its environment): what the projector uses when
+    it is given none. `context-engine` commands export their options to the environment, so the
+    worker and replay read the same settings as the command that started them. Logged whenever it
+    is read anew, so the worker's log says which keys it accepted layers from."""
+    trusted, fresh = _resolve(Settings())
+    if fresh and trusted:
+        log.info("guardrail trust set", fingerprints=sorted(trusted))
+    return trusted
+
+
+def _resolve(settings: Settings) -> tuple[frozenset[str], bool]:
+    """(the trust set, whether it was read anew rather than remembered)."""
     entries = trust_entries(settings)
     files = [pathlib.Path(e).expanduser() for e in entries if not _FINGERPRINT.fullmatch(e)]
     stamps = tuple(_stamp(p) for p in files)
     key = (entries, settings.home_dir)
     hit = _cache.get(key)
     if hit is not None and hit[0] == stamps:
-        return hit[1]
+        return hit[1], False
     trusted = _read(entries)
     _cache[key] = (stamps, trusted)
-    if trusted:
-        log.info("guardrail trust set", fingerprints=sorted(trusted), entries=list(entries))
-    else:
+    if not trusted:
         log.warning("no trusted guardrail key: every layer is refused and none is served",
                     entries=list(entries),
                     hint="run `context-engine guardrail key` (or `up`), or set CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS")
-    return trusted
-
-
-def configured_trusted_fingerprints() -> frozenset[str]:
-    """The trust set of this process's settings (its environment): what the projector uses when
-    it is given none. `context-engine` commands export their options to the environment, so the
-    worker and replay read the same settings as the command that started them."""
-    return trusted_fingerprints(Settings())
+    return trusted, True
 
 
 def public_key_fingerprint(path: pathlib.Path) -> str:

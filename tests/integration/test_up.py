@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
+from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 from context_engine.supervisor import CHILD_RESTARTS_PER_MINUTE
 
@@ -193,6 +194,17 @@ def reflected_services(port: int) -> set[str]:
         return {s.name for reply in replies for s in reply.list_services_response.service}
 
 
+def detect_pii(port: int, token: str | None = None) -> grpc.StatusCode:
+    metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            detector_pb2_grpc.MLDetectorServiceStub(channel).DetectPII(
+                detector_pb2.DetectPIIRequest(text="hi", model_hint="gliner-small-v2.1"), metadata=metadata, timeout=5)
+        except grpc.RpcError as err:
+            return err.code()
+    return grpc.StatusCode.OK
+
+
 def mint(home: pathlib.Path, *args: str) -> str:
     out = subprocess.run([sys.executable, "-m", "context_engine.cli", "token", "mint", "--data-dir", str(home),
                           *args], check=True, capture_output=True, text=True)
@@ -309,6 +321,12 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         assert health(up.detector_port, "upsquad.ml.v1.MLDetectorService") == health_pb2.HealthCheckResponse.SERVING
         assert "upsquad.context.v1.ContextEngine" in reflected_services(up.api_port)
         assert "upsquad.ml.v1.MLDetectorService" in reflected_services(up.detector_port)
+        # `up` made the detector's service token and the guardrail key layers are trusted from, both
+        # 0600 in keys/; the detector refuses a call without the token (docs/security.md).
+        token_file, guardrail_key = home / "keys" / "detector-service.token", home / "keys" / "guardrail-ed25519.pem"
+        assert token_file.stat().st_mode & 0o777 == 0o600 and guardrail_key.stat().st_mode & 0o777 == 0o600
+        assert detect_pii(up.detector_port) == grpc.StatusCode.UNAUTHENTICATED
+        assert detect_pii(up.detector_port, token_file.read_text().strip()) == grpc.StatusCode.UNAVAILABLE  # no weights
 
         # SERVING means the worker projects: writes sent at once are all acknowledged, none is
         # told to retry while the worker is still joining its consumer group.
