@@ -27,6 +27,7 @@ from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.auth import ensure_dev_key, mint_token
+from context_engine.streams.record_auth import Keyring, RecordVerifier
 from context_engine.streams.replay import create_database, read_archive, read_log, replay
 
 from common import Histogram, ServerMetrics, Stack, add_setting_option, free_port, machine, percentile, stack_settings
@@ -83,9 +84,10 @@ async def lag(database_url: str, org: str) -> list[float]:
         await conn.close()
 
 
-async def replay_rates(endpoints: dict[str, str], topic: str) -> dict[str, tuple[int, float]]:
+async def replay_rates(endpoints: dict[str, str], topic: str, home: pathlib.Path) -> dict[str, tuple[int, float]]:
     rates = {}
-    for name, records in (("log", read_log(endpoints["kafka_bootstrap"], topic)),
+    verifier = RecordVerifier(Keyring(home / "keys" / "log-hmac.keyring", create=False))
+    for name, records in (("log", read_log(endpoints["kafka_bootstrap"], topic, verifier=verifier)),
                           ("archive", read_archive(endpoints["database_url"], topic))):
         target = await create_database(endpoints["database_url"], f"bench_replay_{name}")
         report = await replay(records, target)
@@ -121,7 +123,7 @@ def main() -> None:
         latencies = asyncio.run(drive(stack.api_port, token, org, args.clients, args.seconds, payload))
         after = worker_metrics.snapshot()
         lags = asyncio.run(lag(endpoints["database_url"], org))
-        rates = asyncio.run(replay_rates(endpoints, "context-engine.events"))
+        rates = asyncio.run(replay_rates(endpoints, "context-engine.events", home))
     finally:
         stack.stop()
         if not args.keep:

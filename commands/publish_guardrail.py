@@ -14,7 +14,9 @@ import asyncio
 import datetime as dt
 import pathlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
@@ -38,6 +40,7 @@ from context_engine.projections.guardrail_queries import (
     publication_outcome,
 )
 from context_engine.scope import Scope
+from context_engine.streams.record_auth import RecordSigner
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 
@@ -101,9 +104,11 @@ def build_event(key: Ed25519PrivateKey, command: PublishGuardrail, *, actor: str
 
 async def publish_guardrail(command: PublishGuardrail, *, key: Ed25519PrivateKey, pool: asyncpg.Pool,
                             bootstrap: str, topic: str, actor: str,
+                            signer: RecordSigner, security: Mapping[str, Any] | None = None,
                             timeout: float = DEFAULT_TIMEOUT_SECONDS, poll_interval: float = 0.1,
                             partitions: int | None = None) -> Published:
-    """Sign, append (acks=all) and wait until the read model shows the projection's decision.
+    """Sign, append (acks=all; the record signed by `signer`, streams/record_auth.py) and wait until
+    the read model shows the projection's decision.
     Raises GuardrailPublishError when it rejected the layer or did not decide within `timeout`."""
     org = command.scope.org_id
     deadline = time.monotonic() + timeout
@@ -117,12 +122,14 @@ async def publish_guardrail(command: PublishGuardrail, *, key: Ed25519PrivateKey
     if partitions is not None:  # create the topic with its configured count if it is missing
         from context_engine.streams.topics import ensure_topics
 
-        await ensure_topics(bootstrap, {topic: partitions}, timeout=max(1.0, deadline - time.monotonic()))
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        await ensure_topics(bootstrap, {topic: partitions}, timeout=max(1.0, deadline - time.monotonic()),
+                            security=security)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **(security or {}))
+    raw, record_key = event.to_bytes(), event.aggregate.encode()
     try:
         await asyncio.wait_for(producer.start(), max(0.1, deadline - time.monotonic()))
         meta = await asyncio.wait_for(
-            producer.send_and_wait(topic, event.to_bytes(), key=event.aggregate.encode()),
+            producer.send_and_wait(topic, raw, key=record_key, headers=signer.headers(topic, record_key, raw)),
             max(0.1, deadline - time.monotonic()))
     except asyncio.TimeoutError as exc:
         raise GuardrailPublishError(f"the log at {bootstrap} did not accept the layer within {timeout:g}s; "

@@ -6,18 +6,16 @@ verifies RS256 or EdDSA signatures with a configured public key and never holds 
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import os
 import pathlib
 import secrets
-import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import jwt
 
+from context_engine import keyfiles
 from context_engine.clearance import MAX_CLEARANCE, MIN_CLEARANCE
 from context_engine.config import Settings
 from context_engine import validation
@@ -44,18 +42,9 @@ class Principal:
 def ensure_secret(path: pathlib.Path) -> str:
     """Return the secret in `path` (64 hex digits from `secrets`), creating the file on first use:
     mode 0600, in a directory created 0700, published atomically (a concurrent creator's file
-    wins and both read it). Used for the HS256 key and the PostgreSQL passwords (docs/security.md)."""
-    if not path.exists():
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32))
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
-    return path.read_text().strip()
+    wins and both read it). Used for the HS256 key and the PostgreSQL passwords (docs/security.md);
+    the log's keyring is made the same way (context_engine/keyfiles.py)."""
+    return keyfiles.ensure(path, lambda: secrets.token_hex(32).encode()).decode().strip()
 
 
 def ensure_dev_key(path: pathlib.Path) -> bytes:

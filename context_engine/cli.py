@@ -218,13 +218,16 @@ SourceOption = Annotated[Optional[str], typer.Option(
                      "default: archive when the log is restored from it, else log")]
 
 
-def _records(settings: Settings, source_name: str | None, on_total):
+def _records(settings: Settings, source_name: str | None, on_total, on_refused=None):
+    from context_engine.streams.kafka_security import client_security
+    from context_engine.streams.record_auth import verifier_from_settings
     from context_engine.streams.replay import source
     from context_engine.streams.topics import LogTopics
 
     name = source_name or ("archive" if settings.restore_log_from_archive else "log")
     return source(name, bootstrap=settings.kafka_bootstrap, topic=LogTopics.from_settings(settings).events,
-                  admin_url=settings.database_url, on_total=on_total)
+                  admin_url=settings.database_url, verifier=verifier_from_settings(settings),
+                  security=client_security(settings), on_total=on_total, on_refused=on_refused)
 
 
 @app.command()
@@ -238,40 +241,59 @@ def replay(
     from context_engine.streams.replay import create_database, replay as run_replay
 
     settings = _stack_settings(data_dir)
+    refused: list = []
 
     async def go():
         target = into or await create_database(settings.database_url, "context_engine_replay")
         bar, set_total = _progress("replay")
         with bar:
-            report = await run_replay(_records(settings, source_name, set_total), target, progress=bar.update)
+            report = await run_replay(_records(settings, source_name, set_total, refused.append), target,
+                                      progress=bar.update)
         return target, report
 
     target, report = asyncio.run(go())
+    for record in refused:
+        typer.echo(str(record))
     typer.echo(f"replayed {report.events} events in {report.seconds:.2f}s "
-               f"({report.rate:,.0f} events/s) into {target}")
+               f"({report.rate:,.0f} events/s) into {target}"
+               + (f"; left out {len(refused)} record(s) no trusted writer signed" if refused else ""))
 
 
 @app.command()
 def verify(source_name: SourceOption = None, data_dir: DataDir = None) -> None:
     """Recompute every version hash from the log and report each difference from the read models,
-    and every event that is on the log and not in the archive (nor set aside), or the other way."""
+    and every event that is on the log and not in the archive (nor set aside), or the other way.
+
+    Records on the log that no trusted writer signed are listed apart, by position: the worker
+    refused them, so they are no difference (the exit status counts differences only)."""
+    from context_engine.streams.kafka_security import client_security
+    from context_engine.streams.record_auth import verifier_from_settings
     from context_engine.streams.replay import read_log, verify as run_verify
     from context_engine.streams.topics import LogTopics
 
     settings = _stack_settings(data_dir)
     topic = LogTopics.from_settings(settings).events
+    refused: dict[tuple[int, int], object] = {}  # the log is read twice with --source log: once each
+
+    def note(record) -> None:
+        refused[(record.partition, record.offset)] = record
 
     async def go():
         bar, set_total = _progress("verify")
         with bar:
-            return await run_verify(_records(settings, source_name, set_total), settings.database_url,
-                                    log=(read_log(settings.kafka_bootstrap, topic), topic), progress=bar.update)
+            log_records = read_log(settings.kafka_bootstrap, topic, verifier=verifier_from_settings(settings),
+                                   security=client_security(settings), on_refused=note)
+            return await run_verify(_records(settings, source_name, set_total, note), settings.database_url,
+                                    log=(log_records, topic), progress=bar.update)
 
     report, differences = asyncio.run(go())
     for difference in differences:
         typer.echo(str(difference))
+    for _, record in sorted(refused.items()):
+        typer.echo(str(record))
     typer.echo(f"verified {report.events} events ({report.rate:,.0f} events/s): "
-               f"{len(differences)} difference(s)")
+               f"{len(differences)} difference(s)"
+               + (f"; {len(refused)} record(s) on the log no trusted writer signed, refused" if refused else ""))
     raise typer.Exit(1 if differences else 0)
 
 
@@ -291,6 +313,8 @@ def reindex(
     from context_engine.inference.embedder import embedder_from_settings
     from context_engine.scope import Scope
     from context_engine.streams import reindex as reindexing
+    from context_engine.streams.kafka_security import client_security
+    from context_engine.streams.record_auth import signer_from_settings
     from context_engine.streams.topics import LogTopics
 
     settings = _stack_settings(data_dir)
@@ -303,7 +327,8 @@ def reindex(
             before = await reindexing.progress(pool, scope, model)
             await reindexing.request(settings.kafka_bootstrap, LogTopics.from_settings(settings), scope,
                                      old_model_version=before.previous_model, new_model_version=model,
-                                     initiated_by=f"cli:{os.environ.get('USER', 'operator')}")
+                                     initiated_by=f"cli:{os.environ.get('USER', 'operator')}",
+                                     signer=signer_from_settings(settings), security=client_security(settings))
             typer.echo(f"reindex of {scope.path} to {model} requested: {before.total - before.current} "
                        f"of {before.total} chunks need a vector (previous model: {before.previous_model or '-'})")
             if not wait:
@@ -338,6 +363,8 @@ def pii_rescan(
     from tqdm import tqdm
 
     from context_engine.streams import pii_rescan as rescan
+    from context_engine.streams.kafka_security import client_security
+    from context_engine.streams.record_auth import signer_from_settings
     from context_engine.streams.topics import LogTopics
 
     settings = _stack_settings(data_dir)
@@ -349,7 +376,8 @@ def pii_rescan(
             typer.echo(f"{len(items)} quarantined memory version(s) to scan again")
             if not items:
                 return None
-            await rescan.request(settings.kafka_bootstrap, LogTopics.from_settings(settings), items)
+            await rescan.request(settings.kafka_bootstrap, LogTopics.from_settings(settings), items,
+                                 signer=signer_from_settings(settings), security=client_security(settings))
             if not wait:
                 return None
             with tqdm(total=len(items), desc="pii rescan", unit="memory") as bar:
@@ -425,6 +453,8 @@ def guardrail_publish(
     from context_engine.commands import publish_guardrail as pg
     from context_engine.errors import InvalidArgument
     from context_engine.guardrails.signing import ensure_signing_key, layer_scope, load_signing_key, operator_key_path
+    from context_engine.streams.kafka_security import client_security
+    from context_engine.streams.record_auth import signer_from_settings
     from context_engine.streams.topics import LogTopics
 
     try:
@@ -446,7 +476,8 @@ def guardrail_publish(
             return await pg.publish_guardrail(
                 command, key=key, pool=pool, bootstrap=settings.kafka_bootstrap, topic=topics.events,
                 partitions=topics.partitions[topics.events], timeout=limit,
-                actor=f"cli:{os.environ.get('USER', 'operator')}")
+                actor=f"cli:{os.environ.get('USER', 'operator')}",
+                signer=signer_from_settings(settings), security=client_security(settings))
 
     try:
         published = asyncio.run(go())
@@ -499,6 +530,65 @@ def guardrail_key(key_file: GuardrailKeyFile = None, data_dir: DataDir = None) -
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     typer.echo(f"{path}\nfingerprint {fingerprint(key)}")
+
+
+keys_app = typer.Typer(no_args_is_help=True,
+                       help="The keys that sign the log's records (docs/operations.md, \"Log keys\").")
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("rotate-log-key")
+def keys_rotate_log_key(
+    activate_in: Annotated[Optional[str], typer.Option(
+        help="sign with it only after this long (e.g. 10m: time to copy the keyring to every host)")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Add a new key to the log keyring, signing from now (or after --activate-in). Older keys keep
+    verifying until retired; running processes follow the file (producers within a second)."""
+    from context_engine.streams import record_auth
+
+    path = _settings(home=data_dir).log_keyring_path
+    try:
+        key = record_auth.rotate(path, activate_in=parse_duration(activate_in).total_seconds() if activate_in else 0.0)
+    except record_auth.KeyringError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(f"added log key {key.key_id} to {path}; it signs from {key.signing_from.isoformat(timespec='seconds')}")
+
+
+@keys_app.command("retire-log-key")
+def keys_retire_log_key(
+    key_id: Annotated[str, typer.Argument(help="the key to remove (`context-engine keys list-log-keys`)")],
+    data_dir: DataDir = None,
+) -> None:
+    """Remove a key from the log keyring: records it signed are refused from then on (the key that
+    signs now cannot be retired; rotate first). Waits until the newer key has signed for a few seconds."""
+    from context_engine.streams import record_auth
+
+    path = _settings(home=data_dir).log_keyring_path
+    try:
+        waited = record_auth.retire(path, key_id)
+    except record_auth.KeyringError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(f"retired log key {key_id} from {path}" + (f" (after waiting {waited:.1f}s for producers to switch)"
+                                                         if waited else ""))
+
+
+@keys_app.command("list-log-keys")
+def keys_list_log_keys(data_dir: DataDir = None) -> None:
+    """Show the log keyring's keys (ids and times, never the secrets)."""
+    from context_engine.streams import record_auth
+
+    path = _settings(home=data_dir).log_keyring_path
+    try:
+        keys = record_auth.read_keys(path)
+    except record_auth.KeyringError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    now = dt.datetime.now(dt.UTC)
+    signing = record_auth.signing_key(keys, now)
+    for key in sorted(keys, key=lambda k: k.created_at):
+        state = "signs" if key is signing else ("verifies" if key.signing_from <= now else "signs later")
+        typer.echo(f"{key.key_id}  created {key.created_at.isoformat(timespec='seconds')}  "
+                   f"signing from {key.signing_from.isoformat(timespec='seconds')}  {state}")
 
 
 def main() -> None:

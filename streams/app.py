@@ -16,6 +16,9 @@ Agents:
 - `baseline-calculator` — BaselineMetricEvents -> savings per org and model
   (projections/savings_projection.py).
 - `pii-scanner` — PII scans of pushed memory -> `memory.scrubbed` events (streams/pii_scanner.py).
+- every agent first drops the records no trusted writer signed (streams/record_auth.py): unread,
+  nothing written anywhere, counted (`context_engine_log_records_refused_total`) and logged by
+  position only; and every record the worker writes (events, jobs) is signed.
 - a timer sweeps work asked for and not done (indexing still requested, chunks without a vector,
   memory whose PII scan is still pending: a job lost in a crash): everything at start, then every `SWEEP_INTERVAL_S` what
   is older than `SWEEP_MIN_AGE_S`.
@@ -34,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import time
 
 import asyncpg
 import faust
@@ -46,7 +50,7 @@ from context_engine.concurrency import background_thread
 from context_engine.config import Settings
 from context_engine.events import EMBEDDING_RECORDED, Event
 from context_engine.inference.embedder import embedder_from_settings
-from context_engine.metrics import PROJECTOR_BATCH_EVENTS, PROJECTOR_BATCH_SECONDS, serve_metrics
+from context_engine.metrics import LOG_RECORDS_REFUSED, PROJECTOR_BATCH_EVENTS, PROJECTOR_BATCH_SECONDS, serve_metrics
 from context_engine.projections import deferred_indexing
 from context_engine.projections.database import create_pool, transaction_state_only
 from context_engine.projections.records import LogRecord
@@ -60,7 +64,9 @@ from context_engine.scope import Scope
 from context_engine.streams.jobs import (baseline_sample, embedding_job, open_envelope, open_indexing_job,
                                          open_pii_scan_job, scope_of)
 from context_engine.streams.pii_scanner import PiiScanner
+from context_engine.streams.kafka_security import client_security, faust_credentials
 from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
+from context_engine.streams.record_auth import Keyring, RecordSigner, RecordVerifier, Refusal
 from context_engine.streams.topics import LogTopics, ensure_topics
 from context_engine.streams.vector_assigner import VectorAssigner
 from context_engine.streams.windowed_stream import WindowedStream
@@ -75,6 +81,8 @@ JOB_BATCH_WITHIN_S = 0.02
 SWEEP_INTERVAL_S = 30.0
 SWEEP_MIN_AGE_S = 600.0
 IDLE_AFTER_EMPTY_FETCHES = 200  # ~1 s without records at the 5 ms wait
+# Refused records logged per minute at most: a process flooding the broker must not flood this log too.
+REFUSALS_LOGGED_PER_MINUTE = 60
 
 
 def _low_latency_transport(settings: Settings) -> type[faust_aiokafka.Transport]:
@@ -126,9 +134,31 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         autodiscover=False,
         Stream=WindowedStream,  # batches that do not poll while idle
         datadir=str(settings.home_dir / "worker"),  # not the current directory
+        broker_credentials=faust_credentials(settings),  # an external Kafka's SASL / TLS
     )
     app.engine_settings = settings
     topics = LogTopics.from_settings(settings)
+    keyring = Keyring.from_settings(settings)
+    signer, verifier = RecordSigner(keyring), RecordVerifier(keyring)
+    refused = RefusalLog(topics)
+
+    def authentic(events: list) -> list:
+        """The events a trusted writer signed; the others are dropped here, before anything reads
+        them (their offsets move on with the batch's)."""
+        verifier.refresh()
+        kept = []
+        for event in events:
+            m = event.message
+            refusal = verifier.check(m.topic, m.key, m.value, m.headers)
+            if refusal is None:
+                kept.append(event)
+            else:
+                refused(m.topic, m.partition, m.offset, refusal)
+        return kept
+
+    def signed(topic: str, key: bytes, value: bytes) -> dict:
+        return {"key": key, "value": value, "headers": signer.headers(topic, key, value)}
+
     def raw_topic(name: str):
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
@@ -150,7 +180,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         return await task  # type: ignore[misc]
 
     async def send_event(event: Event) -> None:
-        delivered = await events_topic.send(key=event.aggregate.encode(), value=event.to_bytes())
+        delivered = await events_topic.send(**signed(topics.events, event.aggregate.encode(), event.to_bytes()))
         await delivered
 
     # Loaded now, before the consumer starts: loading the model blocks for a second or more, and a
@@ -196,12 +226,14 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         assigner = await vector_assigner()
         async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
             records = [LogRecord(e.message.topic, e.message.partition, e.message.offset, e.value)
-                       for e in batch]
+                       for e in authentic(batch)]
+            if not records:
+                continue
             for applied in await project_batch(db, records):
                 if applied.type == EMBEDDING_RECORDED and applied.outcome == APPLIED:
                     assigner.put(applied.org_id, applied.event_id)
                 for kind, job in applied.jobs:
-                    await job_topics[kind].send(key=job.key, value=job.value)
+                    await job_topics[kind].send(**signed(topics.jobs[kind], job.key, job.value))
 
     async def index(sources_by_org: dict[str, list[str]]) -> None:
         """Index long contents (projections/deferred_indexing.py) and ask for their embeddings. A
@@ -225,32 +257,34 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
                     continue
                 for event_id, chunk_ids in unembedded.items():
                     job = embedding_job(Scope(org_id), event_id, chunk_ids)
-                    await embedding_topic.send(key=job.key, value=job.value)
+                    await embedding_topic.send(**signed(topics.jobs["embedding"], job.key, job.value))
 
     @app.agent(indexing_topic, name="chunk-indexer")
     async def chunk_indexer(stream):
-        async for batch in stream.take(JOB_BATCH_MAX, within=JOB_BATCH_WITHIN_S):
+        async for batch in stream.take_events(JOB_BATCH_MAX, within=JOB_BATCH_WITHIN_S):
             by_org: dict[str, list[str]] = {}
-            for raw in batch:
-                env, source = open_indexing_job(raw)
+            for event in authentic(batch):
+                env, source = open_indexing_job(event.value)
                 by_org.setdefault(env.scope.org_id, []).append(source)
             await index(by_org)
 
     @app.agent(embedding_topic, name="embedding-pipeline")
     async def embedding_agent(stream):
         p = await pipeline()
-        async for batch in stream.take(JOB_BATCH_MAX, within=JOB_BATCH_WITHIN_S):
+        async for batch in stream.take_events(JOB_BATCH_MAX, within=JOB_BATCH_WITHIN_S):
             by_org: dict[str, list[str]] = {}
-            for raw in batch:
-                env, job = open_envelope(raw, stream_pb2.EmbeddingJob)
+            for event in authentic(batch):
+                env, job = open_envelope(event.value, stream_pb2.EmbeddingJob)
                 by_org.setdefault(env.scope.org_id, []).extend(job.chunk_ids)
             await _embed_orgs(p, by_org)
 
     @app.agent(reindex_topic, name="reindex-worker")
     async def reindex_agent(stream):
         p = await pipeline()
-        async for raw in stream:
-            _env, job = open_envelope(raw, stream_pb2.ReindexJob)
+        async for event in stream.events():
+            if not authentic([event]):
+                continue
+            _env, job = open_envelope(event.value, stream_pb2.ReindexJob)
             scope = scope_of(job.scope)
             if job.new_model_version and job.new_model_version != p.model_version:
                 log.error("reindex refused: the running embedder is another model", scope=scope.path,
@@ -265,14 +299,17 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     @app.agent(raw_topic(topics.jobs["metrics:baseline"]), name="baseline-calculator")
     async def baseline_agent(stream):
         db = await pool()
-        async for batch in stream.take(JOB_BATCH_MAX, within=JOB_BATCH_WITHIN_S):
-            await apply_samples(db, [baseline_sample(raw) for raw in batch])
+        async for batch in stream.take_events(JOB_BATCH_MAX, within=JOB_BATCH_WITHIN_S):
+            if samples := [baseline_sample(event.value) for event in authentic(batch)]:
+                await apply_samples(db, samples)
 
     @app.agent(pii_topic, name="pii-scanner")
     async def pii_agent(stream):
         s = await scanner()
-        async for raw in stream:
-            env, memory_event_id = open_pii_scan_job(raw)
+        async for event in stream.events():
+            if not authentic([event]):
+                continue
+            env, memory_event_id = open_pii_scan_job(event.value)
             await _scan(s, {env.scope.org_id: [memory_event_id]})
 
     async def sweep(older_than: dt.timedelta) -> None:
@@ -306,6 +343,31 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         await sweep(dt.timedelta(0))
 
     return app
+
+
+class RefusalLog:
+    """What the worker says of a record it refused: always counted (by stream and reason), logged
+    by position and key id only, never its content (it may be anything a forger chose), at most
+    REFUSALS_LOGGED_PER_MINUTE a minute, then once how many more were not logged."""
+
+    def __init__(self, topics: LogTopics) -> None:
+        self._topics = topics
+        self._window_started = -60.0
+        self._logged = self._unlogged = 0
+
+    def __call__(self, topic: str, partition: int, offset: int, refusal: Refusal) -> None:
+        LOG_RECORDS_REFUSED.labels(self._topics.stream_of(topic), refusal.reason).inc()
+        now = time.monotonic()
+        if now - self._window_started >= 60.0:
+            if self._unlogged:
+                log.warning("log records refused and not logged", count=self._unlogged, seconds=60)
+            self._window_started, self._logged, self._unlogged = now, 0, 0
+        if self._logged >= REFUSALS_LOGGED_PER_MINUTE:
+            self._unlogged += 1
+            return
+        self._logged += 1
+        log.warning("log record refused: not from a trusted writer", topic=topic, partition=partition,
+                    offset=offset, key_id=refusal.key_id, reason=refusal.reason)
 
 
 async def _scan(s: PiiScanner, memory_ids_by_org: dict[str, list[str]]) -> None:
@@ -360,7 +422,8 @@ def run_worker(settings: Settings, bootstrap: str) -> None:
     if settings.worker_metrics_port >= 0:
         port = serve_metrics(settings.api_host, settings.worker_metrics_port)
         log.info("worker metrics", url=f"http://{settings.api_host}:{port}/metrics")
-    asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(settings).partitions))
+    asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(settings).partitions,
+                              security=client_security(settings)))
     app = create_app(settings, bootstrap)
     worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True)
     # Faust's terminal spinner: at WARNING or above it sets the root logger to DEBUG so that every

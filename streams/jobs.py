@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -20,6 +21,7 @@ from upsquad.context.v1 import context_pb2, stream_pb2
 
 from context_engine.projections.savings_projection import Sample
 from context_engine.scope import Scope
+from context_engine.streams.record_auth import RecordSigner
 
 
 def scope_path(scope: Scope) -> context_pb2.ScopePath:
@@ -116,12 +118,15 @@ def baseline_sample(raw: bytes) -> Sample:
                   event.assembled_tokens, event.naive_tokens, event.sampled_at.ToDatetime(tzinfo=dt.UTC))
 
 
-async def publish(bootstrap: str, topic: str, jobs: Iterable[JobMessage]) -> None:
-    """Send jobs from a one-off command (reindex, pii rescan), each acknowledged by the broker."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+async def publish(bootstrap: str, topic: str, jobs: Iterable[JobMessage], *, signer: RecordSigner,
+                  security: Mapping[str, Any] | None = None) -> None:
+    """Send jobs from a one-off command (reindex, pii rescan), each signed (streams/record_auth.py)
+    and acknowledged by the broker."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **(security or {}))
     await producer.start()
     try:
         for job in jobs:
-            await producer.send_and_wait(topic, job.value, key=job.key)
+            await producer.send_and_wait(topic, job.value, key=job.key,
+                                         headers=signer.headers(topic, job.key, job.value))
     finally:
         await producer.stop()

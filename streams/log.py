@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 import structlog
@@ -25,6 +27,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from context_engine.errors import InvalidArgument, Unavailable
 from context_engine.events import Event
 from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
+from context_engine.streams.record_auth import RecordSigner
 from context_engine.streams.topics import LogTopics
 
 log = structlog.get_logger("context_engine.log")
@@ -78,18 +81,24 @@ class EventLog:
     log is restored), appends wait at the gate and the producer does not exist: a producer that
     outlived a broker restart would retry its in-flight batches against the fresh broker before
     the topics are back, which the bundled broker loses silently, or answers by crashing
-    (measured: a segfault while serialising the ProduceResponse)."""
+    (measured: a segfault while serialising the ProduceResponse).
 
-    def __init__(self, bootstrap: str, topics: LogTopics, recover, *, hold_timeout: float = 5.0,
+    Every record it writes carries the signer's authenticator (streams/record_auth.py); `security`
+    is the broker's SASL/TLS (streams/kafka_security.py)."""
+
+    def __init__(self, bootstrap: str, topics: LogTopics, recover, *, signer: RecordSigner,
+                 security: Mapping[str, Any] | None = None, hold_timeout: float = 5.0,
                  watch_interval: float = 0.05, max_record_bytes: int = record_bytes_limit(1024 * 1024)) -> None:
         self.topics = topics
         self.max_record_bytes = max_record_bytes
         self._max_request_bytes = producer_request_bytes(max_record_bytes)
         self._bootstrap = bootstrap
+        self._security = dict(security or {})
+        self._signer = signer
         self._hold_timeout = hold_timeout
         self._producer: AIOKafkaProducer | None = None
         self.guard = LogGuard(bootstrap, topics, recover, open_log=self._open, close_log=self._close,
-                              interval=watch_interval)
+                              interval=watch_interval, security=self._security)
 
     async def start(self) -> None:
         await self.guard.start()
@@ -105,7 +114,8 @@ class EventLog:
         # guard (polling every 50 ms) has noticed the broker is gone and dropped this producer.
         producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks="all", linger_ms=1,
                                     enable_idempotence=False, request_timeout_ms=5_000,
-                                    retry_backoff_ms=1_000, max_request_size=self._max_request_bytes)
+                                    retry_backoff_ms=1_000, max_request_size=self._max_request_bytes,
+                                    **self._security)
         await producer.start()
         self._producer = producer
 
@@ -142,7 +152,8 @@ class EventLog:
                     producer = self._producer
                     if producer is None:  # lost between the gate and here
                         raise KafkaError("the log is being recovered")
-                    meta = await asyncio.wait_for(producer.send_and_wait(topic, value, key=key),
+                    headers = self._signer.headers(topic, key, value)  # each attempt: a rotation may have come
+                    meta = await asyncio.wait_for(producer.send_and_wait(topic, value, key=key, headers=headers),
                                                   self._hold_timeout)
         except (KafkaError, asyncio.TimeoutError) as exc:
             raise Unavailable(f"the event log is unavailable: {exc!r}", reason="LOG_UNAVAILABLE") from exc
@@ -253,8 +264,9 @@ class LogGuard:
     so they are never acknowledged."""
 
     def __init__(self, bootstrap: str, topics: LogTopics, recover, *, open_log, close_log,
-                 interval: float = 0.05) -> None:
+                 interval: float = 0.05, security: Mapping[str, Any] | None = None) -> None:
         self._bootstrap = bootstrap
+        self._security = dict(security or {})
         self._topics = topics
         self._recover = recover  # async () -> None: ensure topics, restore from the archive
         self._open_log = open_log
@@ -269,7 +281,8 @@ class LogGuard:
     async def start(self) -> None:
         await self._recover()
         await self._open_log()
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, request_timeout_ms=1000)
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, request_timeout_ms=1000,
+                                          **self._security)
         await self._admin.start()
         self._ready.set()
         self._task = asyncio.create_task(self._watch(), name="log-guard")

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
 from context_engine.projections.database import org_transaction
 from context_engine.scope import Scope
 from context_engine.streams.jobs import pii_scan_job, publish
+from context_engine.streams.record_auth import RecordSigner
 from context_engine.streams.topics import LogTopics
 
 SYSTEM_ORG = "_system"
@@ -47,8 +50,10 @@ async def quarantined(pool: asyncpg.Pool, org_id: str | None) -> list[Quarantine
             for r in rows]
 
 
-async def request(bootstrap: str, topics: LogTopics, items: list[Quarantined]) -> None:
-    await publish(bootstrap, topics.jobs["pii"], [pii_scan_job(Scope(q.org_id), q.event_id) for q in items])
+async def request(bootstrap: str, topics: LogTopics, items: list[Quarantined], *, signer: RecordSigner,
+                  security: Mapping[str, Any] | None = None) -> None:
+    await publish(bootstrap, topics.jobs["pii"], [pii_scan_job(Scope(q.org_id), q.event_id) for q in items],
+                  signer=signer, security=security)
 
 
 async def follow(pool: asyncpg.Pool, items: list[Quarantined], *, timeout: float,

@@ -9,13 +9,16 @@ read model: chunks of the scope whose vector is from the running model, out of a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
 from context_engine.projections.database import org_transaction
 from context_engine.scope import Scope
 from context_engine.streams.jobs import publish, reindex_job
+from context_engine.streams.record_auth import RecordSigner
 from context_engine.streams.topics import LogTopics
 
 _IN_SCOPE = "org_id = $1 AND (scope_path = $2 OR starts_with(scope_path, $2 || '/'))"
@@ -44,8 +47,9 @@ async def progress(pool: asyncpg.Pool, scope: Scope, model_version: str) -> Rein
 
 
 async def request(bootstrap: str, topics: LogTopics, scope: Scope, *, old_model_version: str,
-                  new_model_version: str, initiated_by: str) -> str:
-    """Publish the ReindexJob; returns its message_id."""
+                  new_model_version: str, initiated_by: str, signer: RecordSigner,
+                  security: Mapping[str, Any] | None = None) -> str:
+    """Publish the ReindexJob (signed: streams/record_auth.py); returns its message_id."""
     job = reindex_job(scope, old_model_version, new_model_version, initiated_by)
-    await publish(bootstrap, topics.jobs["reindex"], [job])
+    await publish(bootstrap, topics.jobs["reindex"], [job], signer=signer, security=security)
     return job.message_id

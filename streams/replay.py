@@ -12,7 +12,9 @@ read models, naming the event behind each difference.
 
 Two readings of the log:
 - `read_log`: the broker's topic, every partition from offset 0 to its high-water mark, with a
-  plain aiokafka consumer (Faust's per-event overhead would cap it near 10k events/s).
+  plain aiokafka consumer (Faust's per-event overhead would cap it near 10k events/s). Only the
+  records a trusted writer signed (streams/record_auth.py), as the worker: the others were never
+  applied, so a rebuild leaves them out too, and `on_refused` hears of each (verify names them).
 - `read_archive`: the archive's copy of the log, in the order the projector applied it
   (`archive_seq`). With a memory-only broker this is the authoritative copy: after a broker
   crash, a produce that was never acknowledged can reach the restarted broker ahead of the
@@ -26,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -40,6 +43,7 @@ from context_engine.projections.migrate import migrate
 from context_engine.projections.records import LogRecord
 from context_engine.projections.chunk_projection import BulkLoad, assign_recorded_vectors, recount_statistics
 from context_engine.projections.session_projector import SYSTEM_ORG, apply_batch, claimed_identity
+from context_engine.streams.record_auth import RecordVerifier
 
 BATCH = 2000
 # maintenance_work_mem of the index builds at the end. pgvector builds an HNSW graph much faster
@@ -68,12 +72,31 @@ class Difference:
         return f"event {self.event_id} ({self.where}): read model has {self.live}, the log gives {self.recomputed}"
 
 
-async def read_log(bootstrap: str, topic: str, *, batch: int = BATCH,
-                   on_total: Callable[[int], None] | None = None) -> AsyncIterator[list[LogRecord]]:
-    """Every record of `topic`, partition order kept, up to the high-water marks seen at start."""
+@dataclass(frozen=True)
+class RefusedRecord:
+    """A record of the log without a valid authenticator: the worker dropped it unread."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    key_id: str | None
+
+    def __str__(self) -> str:
+        key = f", key {self.key_id}" if self.key_id else ""
+        return (f"log record {self.topic}[{self.partition}]@{self.offset}: not from a trusted writer "
+                f"({self.reason}{key}); refused, not applied")
+
+
+async def read_log(bootstrap: str, topic: str, *, verifier: RecordVerifier, batch: int = BATCH,
+                   security: Mapping[str, Any] | None = None,
+                   on_total: Callable[[int], None] | None = None,
+                   on_refused: Callable[[RefusedRecord], None] | None = None) -> AsyncIterator[list[LogRecord]]:
+    """Every authentic record of `topic`, partition order kept, up to the high-water marks seen at
+    start; each other record is given to `on_refused` instead."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest", fetch_max_wait_ms=20,
-                                max_partition_fetch_bytes=8 * 1024 * 1024)
+                                max_partition_fetch_bytes=8 * 1024 * 1024, **(security or {}))
     await consumer.start()
     try:
         if topic not in await consumer.topics():  # all-topics Metadata: creates nothing
@@ -96,9 +119,17 @@ async def read_log(bootstrap: str, topic: str, *, batch: int = BATCH,
         remaining = {tp for tp in tps if ends[tp] > 0}
         while remaining:
             got = await consumer.getmany(*remaining, timeout_ms=500, max_records=batch)
+            verifier.refresh()
             out = []
             for tp, records in got.items():
-                out += [LogRecord(r.topic, r.partition, r.offset, r.value) for r in records if r.offset < ends[tp]]
+                for r in records:
+                    if r.offset >= ends[tp]:
+                        continue
+                    if (refusal := verifier.check(r.topic, r.key, r.value, r.headers)) is not None:
+                        if on_refused:
+                            on_refused(RefusedRecord(r.topic, r.partition, r.offset, *refusal))
+                        continue
+                    out.append(LogRecord(r.topic, r.partition, r.offset, r.value))
                 if records and records[-1].offset + 1 >= ends[tp]:
                     remaining.discard(tp)
             if out:
@@ -127,10 +158,13 @@ async def read_archive(admin_url: str, topic: str, *, batch: int = BATCH,
         await conn.close()
 
 
-def source(name: str, *, bootstrap: str, topic: str, admin_url: str,
-           on_total: Callable[[int], None] | None = None) -> AsyncIterator[list[LogRecord]]:
+def source(name: str, *, bootstrap: str, topic: str, admin_url: str, verifier: RecordVerifier,
+           security: Mapping[str, Any] | None = None, on_total: Callable[[int], None] | None = None,
+           on_refused: Callable[[RefusedRecord], None] | None = None) -> AsyncIterator[list[LogRecord]]:
+    """The log (authentic records only) or the archive (what the worker accepted)."""
     if name == "log":
-        return read_log(bootstrap, topic, on_total=on_total)
+        return read_log(bootstrap, topic, verifier=verifier, security=security, on_total=on_total,
+                        on_refused=on_refused)
     if name == "archive":
         return read_archive(admin_url, topic, on_total=on_total)
     raise ValueError(f"replay source must be 'log' or 'archive', not {name!r}")
@@ -282,8 +316,10 @@ IN_FLIGHT_GRACE_S = 10.0
 
 async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url: str) -> list[Difference]:
     """Every record of the log is archived or set aside, and every event archived before the log
-    was read is on the log. The archive's mark is taken first, so an event the stack archives
-    while the log is being read (a live write, a worker's vectors) is no difference."""
+    was read is on the log. `log` holds the authentic records only (`read_log`): one no trusted
+    writer signed is neither, by design, and is reported apart (RefusedRecord). The archive's mark
+    is taken first, so an event the stack archives while the log is being read (a live write, a
+    worker's vectors) is no difference."""
     conn = await asyncpg.connect(admin_url)
     try:
         mark = await conn.fetchval("SELECT coalesce(max(archive_seq), 0) FROM event_archive WHERE topic = $1", topic)

@@ -8,6 +8,9 @@ the broker holds fewer, the archived events of that partition are produced again
 order (= log order within the partition), to the same partition. Records the broker still had
 arrive twice; the projector drops the copies by event_id, so restoring is always safe.
 
+The restored records are signed again with the keyring's signing key (streams/record_auth.py):
+the archive holds the values the worker accepted, the authenticators were the broker's.
+
 With a durable broker the check can be switched off (`restore_log_from_archive`).
 """
 
@@ -15,13 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from context_engine.streams.log import producer_request_bytes
+from context_engine.streams.record_auth import RecordSigner
 from context_engine.streams.topics import TOPIC_MAX_MESSAGE_BYTES
 
 log = structlog.get_logger("context_engine.restore")
@@ -37,9 +43,10 @@ class RestoreReport:
     seconds: float
 
 
-async def high_water_marks(bootstrap: str, topic: str, partitions: list[int]) -> dict[int, int]:
+async def high_water_marks(bootstrap: str, topic: str, partitions: list[int], *,
+                           security: Mapping[str, Any] | None = None) -> dict[int, int]:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=20)
+                                auto_offset_reset="earliest", fetch_max_wait_ms=20, **(security or {}))
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in partitions]
@@ -61,7 +68,8 @@ async def high_water_marks(bootstrap: str, topic: str, partitions: list[int]) ->
         await consumer.stop()
 
 
-async def restore_if_behind(bootstrap: str, topic: str, admin_pool: asyncpg.Pool) -> RestoreReport:
+async def restore_if_behind(bootstrap: str, topic: str, admin_pool: asyncpg.Pool, *, signer: RecordSigner,
+                            security: Mapping[str, Any] | None = None) -> RestoreReport:
     started = time.monotonic()
     restored_partitions = restored_records = 0
     async with admin_pool.acquire() as conn:
@@ -71,16 +79,17 @@ async def restore_if_behind(bootstrap: str, topic: str, admin_pool: asyncpg.Pool
                 "SELECT partition, count(*) AS n FROM event_archive WHERE topic = $1 GROUP BY partition",
                 topic)}
             if archived:
-                marks = await high_water_marks(bootstrap, topic, sorted(archived))
+                marks = await high_water_marks(bootstrap, topic, sorted(archived), security=security)
                 behind = [p for p, n in sorted(archived.items()) if marks[p] < n]
                 if behind:
                     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
                                                 enable_idempotence=False, linger_ms=5,
-                                                max_request_size=producer_request_bytes(TOPIC_MAX_MESSAGE_BYTES))
+                                                max_request_size=producer_request_bytes(TOPIC_MAX_MESSAGE_BYTES),
+                                                **(security or {}))
                     await producer.start()
                     try:
                         for partition in behind:
-                            restored_records += await _restore_partition(conn, producer, topic, partition)
+                            restored_records += await _restore_partition(conn, producer, signer, topic, partition)
                             restored_partitions += 1
                     finally:
                         await producer.stop()
@@ -93,16 +102,17 @@ async def restore_if_behind(bootstrap: str, topic: str, admin_pool: asyncpg.Pool
     return report
 
 
-async def _restore_partition(conn: asyncpg.Connection, producer: AIOKafkaProducer, topic: str,
-                             partition: int) -> int:
+async def _restore_partition(conn: asyncpg.Connection, producer: AIOKafkaProducer, signer: RecordSigner,
+                             topic: str, partition: int) -> int:
     pending: list[asyncio.Future] = []
     count = 0
     async with conn.transaction():
         async for row in conn.cursor("SELECT aggregate, raw FROM event_archive "
                                      "WHERE topic = $1 AND partition = $2 ORDER BY archive_seq",
                                      topic, partition):
-            pending.append(await producer.send(topic, bytes(row["raw"]), key=row["aggregate"].encode(),
-                                               partition=partition))
+            raw, key = bytes(row["raw"]), row["aggregate"].encode()
+            pending.append(await producer.send(topic, raw, key=key, partition=partition,
+                                               headers=signer.headers(topic, key, raw)))
             count += 1
             if len(pending) >= SEND_WINDOW:
                 await asyncio.gather(*pending)

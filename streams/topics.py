@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import for_code
@@ -34,14 +35,16 @@ async def ensure_topics(
     replication_factor: int = 1,
     configs: Mapping[str, Mapping[str, str]] | None = None,
     timeout: float = 15.0,
+    security: Mapping[str, Any] | None = None,
 ) -> None:
     """Create the missing topics with their partition counts; then wait until the cluster
     reports every topic with exactly that many partitions. An existing topic with another
-    count is an error (repartitioning would move keys between partitions)."""
+    count is an error (repartitioning would move keys between partitions). `security`: the
+    client's SASL/TLS arguments (streams/kafka_security.py)."""
     if not partitions_by_topic:
         return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap,
-                                request_timeout_ms=int(timeout * 1000))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000),
+                                **(security or {}))
     await admin.start()
     try:
         existing = await _partition_counts(admin)
@@ -112,6 +115,10 @@ class LogTopics:
         self.jobs = {stream: f"{prefix}.{suffix}" for stream, suffix in JOB_STREAMS.items()}
         self._partitions = {self.events: events_partitions,
                             **{topic: job_partitions for topic in self.jobs.values()}}
+
+    def stream_of(self, topic: str) -> str:
+        """The role of one of these topics, as metrics name it: 'events' or a job topic's suffix."""
+        return "events" if topic == self.events else topic.rsplit(".", 1)[-1]
 
     @property
     def telemetry(self) -> frozenset[str]:

@@ -26,7 +26,9 @@ from context_engine.projections.database import create_pool
 from context_engine.projections.migrate import APP_ROLE, app_url
 from context_engine.streams import readiness
 from context_engine.streams.freshness import SessionFreshness
+from context_engine.streams.kafka_security import client_security
 from context_engine.streams.log import ArchiveWatch, EventLog, record_bytes_limit
+from context_engine.streams.record_auth import signer_from_settings
 from context_engine.streams.restore import restore_if_behind
 from context_engine.streams.topics import LogTopics, ensure_topics
 
@@ -51,15 +53,18 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
     # Appends are held until the topics exist and the log holds the whole archive: a produce
     # that reaches a fresh broker before its topic exists is lost (shared/ENVIRONMENT.md).
     admin = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
+    # Every record this process writes is signed (docs/security.md, "The log").
+    security, signer = client_security(settings), signer_from_settings(settings)
 
     async def recover() -> None:
-        await ensure_topics(settings.kafka_bootstrap, topics.partitions)
+        await ensure_topics(settings.kafka_bootstrap, topics.partitions, security=security)
         if settings.restore_log_from_archive:
-            await restore_if_behind(settings.kafka_bootstrap, topics.events, admin)
+            await restore_if_behind(settings.kafka_bootstrap, topics.events, admin, signer=signer, security=security)
 
     url = api_database_url(settings)
     pool = await create_pool(url, min_size=2, max_size=16)
-    event_log = EventLog(settings.kafka_bootstrap, topics, recover, hold_timeout=settings.ack_timeout_seconds,
+    event_log = EventLog(settings.kafka_bootstrap, topics, recover, signer=signer, security=security,
+                         hold_timeout=settings.ack_timeout_seconds,
                          max_record_bytes=record_bytes_limit(settings.max_content_bytes))
     watch = ArchiveWatch(url, pool)
     # Queries of concurrent calls share model runs (inference/coalescing_embedder.py).

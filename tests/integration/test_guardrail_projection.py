@@ -56,6 +56,7 @@ from context_engine.projections.prompt_validation import validate_prompt
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import IGNORED, apply_batch
 from context_engine.scope import Scope
+from context_engine.streams.record_auth import Keyring, RecordSigner
 from context_engine.streams.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -438,7 +439,7 @@ async def own_db(postgres_url: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str) -> None:
+async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str, tmp_path) -> None:
     db_url = own_db
     topic = f"guardrail-events-{uuid.uuid4().hex[:6]}"
     await ensure_topics(kafka_bootstrap, {topic: 2})
@@ -446,7 +447,8 @@ async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str) -> 
     pool = await create_pool(db_url, org_scoped=False, max_size=2)
     app_pool = await create_pool(app_url(db_url, APP_ROLE, APP_PASSWORD), max_size=1)
     owner = layer_scope(3, org, "sales", "emea")
-    publish = dict(key=KEY, pool=pool, bootstrap=kafka_bootstrap, topic=topic, actor="cli:test", timeout=20)
+    publish = dict(key=KEY, pool=pool, bootstrap=kafka_bootstrap, topic=topic, actor="cli:test", timeout=20,
+                   signer=RecordSigner(Keyring(tmp_path / "log-hmac.keyring")))
     try:
         async with projecting(kafka_bootstrap, topic, db_url):
             first = await publish_guardrail(PublishGuardrail(3, owner, "Quote prices in EUR.\n"), **publish)

@@ -19,6 +19,7 @@ from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from context_engine.projections import deferred_indexing
 from context_engine.scope import Scope
+from context_engine.streams.record_auth import signer_from_settings
 from context_engine.streams.topics import LogTopics
 from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
 from tests.fixtures.engine import unique
@@ -135,8 +136,9 @@ async def test_metadata_postgresql_cannot_hold_is_refused_before_the_append(engi
 
 
 async def test_a_record_nobody_can_apply_takes_no_other_tenants_event_with_it(engine):
-    """Records appended straight to the events topic by any broker client, among a victim org's
-    writes: each is set aside, and every victim write is acknowledged and projected."""
+    """Records a trusted writer signed (a bug, a writer of another version) appended straight to the
+    events topic, among a victim org's writes: each is set aside, and every victim write is
+    acknowledged and projected. (Unsigned ones are refused unread: tests/security/test_host_log.py.)"""
     victim, attacker = unique("victim"), unique("attacker")
     caller = engine.caller(victim, clearance=1)
     topic = LogTopics.from_settings(engine.settings).events
@@ -144,6 +146,7 @@ async def test_a_record_nobody_can_apply_takes_no_other_tenants_event_with_it(en
                    {"session_id": "s", "event_type": "message", "content_b64": "", "metadata": {"k": "\x00"},
                     "content_sha256": sha256_hex(b""), "token_count": 0, "idempotency_key": ""})
     poison = [b"not an event", b"\xff\xfe" * 100, orjson.dumps({"type": EVENT_INGESTED}), forged.to_bytes()]
+    signer = signer_from_settings(engine.settings)
     producer = AIOKafkaProducer(bootstrap_servers=engine.settings.kafka_bootstrap, acks="all")
     await producer.start()
     try:
@@ -156,7 +159,7 @@ async def test_a_record_nobody_can_apply_takes_no_other_tenants_event_with_it(en
             for round_ in range(5):
                 for p in range(LogTopics.from_settings(engine.settings).partitions[topic]):
                     for raw in poison:
-                        await producer.send(topic, raw, partition=p)
+                        await producer.send(topic, raw, partition=p, headers=signer.headers(topic, None, raw))
                 await asyncio.sleep(0)
             await producer.flush()
 

@@ -14,12 +14,18 @@ from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections.records import LogRecord
 from context_engine.scope import Scope
+from context_engine.streams.record_auth import signer_from_settings, verifier_from_settings
 from context_engine.streams.replay import compare, create_database, drop_database, read_archive, read_log, replay, verify
 from context_engine.streams.topics import LogTopics
 from tests.fixtures.engine import unique
 from tests.integration.test_retrieval import wait_embedded
 
 pytestmark = pytest.mark.integration
+
+
+def log_of(settings, topic: str, **kwargs):
+    """The log as the worker reads it: what a trusted writer signed (the deployment's keyring)."""
+    return read_log(settings.kafka_bootstrap, topic, verifier=verifier_from_settings(settings), **kwargs)
 
 SESSIONS, EVENTS = 10, 1000
 
@@ -97,7 +103,7 @@ async def test_chain_is_a_pure_function_of_the_log_and_replay_reproduces_it(engi
     topic = LogTopics.from_settings(engine.settings).events
     target = await create_database(engine.settings.database_url, "ce_test_replay")
     try:
-        report = await replay(read_log(engine.settings.kafka_bootstrap, topic), target)
+        report = await replay(log_of(engine.settings, topic), target)
         assert report.events >= EVENTS
         assert await versions(target, org) == expected
         assert await row_counts(target) == await row_counts(engine.settings.database_url)
@@ -121,7 +127,7 @@ async def test_verify_reports_nothing_then_names_a_tampered_event(engine):
                                                           content=f"turn {n}".encode()))
     settings = engine.settings
     topic = LogTopics.from_settings(settings).events
-    _, differences = await verify(read_log(settings.kafka_bootstrap, topic), settings.database_url)
+    _, differences = await verify(log_of(settings, topic), settings.database_url)
     assert differences == []
 
     conn = await asyncpg.connect(settings.database_url)
@@ -129,7 +135,7 @@ async def test_verify_reports_nothing_then_names_a_tampered_event(engine):
         victim = await conn.fetchrow("SELECT event_id, version FROM session_items WHERE org_id = $1 AND seq = 3", org)
         await conn.execute("UPDATE session_items SET version = $1 WHERE event_id = $2", "0" * 64, victim["event_id"])
         try:
-            report, differences = await verify(read_log(settings.kafka_bootstrap, topic), settings.database_url)
+            report, differences = await verify(log_of(settings, topic), settings.database_url)
         finally:
             await conn.execute("UPDATE session_items SET version = $1 WHERE event_id = $2",
                                victim["version"], victim["event_id"])
@@ -152,22 +158,23 @@ async def test_verify_names_an_event_on_the_log_the_read_models_never_received(e
     topic = LogTopics.from_settings(settings).events
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     await producer.start()
-    try:
-        await producer.send_and_wait(topic, b"\x00 garbage on the log \xff", partition=0)
+    try:  # a trusted writer's garbage (signed): set aside, not refused
+        garbage = b"\x00 garbage on the log \xff"
+        await producer.send_and_wait(topic, garbage, partition=0,
+                                     headers=signer_from_settings(settings).headers(topic, None, garbage))
     finally:
         await producer.stop()
     await settled(engine, org)
-    for source in (read_log, read_archive):
-        origin = settings.kafka_bootstrap if source is read_log else settings.database_url
-        _, differences = await verify(source(origin, topic), settings.database_url,
-                                      log=(read_log(settings.kafka_bootstrap, topic), topic))
-        assert differences == [], source.__name__
+    for name, records in (("log", lambda: log_of(settings, topic)),
+                          ("archive", lambda: read_archive(settings.database_url, topic))):
+        _, differences = await verify(records(), settings.database_url, log=(log_of(settings, topic), topic))
+        assert differences == [], name
 
     # An event on the log that never reached the archive (as when a projector dropped a batch).
     lost = Event(EVENT_INGESTED, Scope(org), session_aggregate(org, "s"), "user", {"session_id": "s"})
 
     async def log_with_lost_event():
-        async for batch in read_log(settings.kafka_bootstrap, topic):
+        async for batch in log_of(settings, topic):
             yield batch
         yield [LogRecord(topic, 0, 10**9, lost.to_bytes())]
 
@@ -182,9 +189,11 @@ async def test_the_verify_command_reads_a_log_with_set_aside_records(engine, sou
 
     settings = engine.settings
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    topic = LogTopics.from_settings(settings).events
     await producer.start()
-    try:
-        await producer.send_and_wait(LogTopics.from_settings(settings).events, b"{not json", partition=1)
+    try:  # signed: a trusted writer's record that does not decode is set aside
+        await producer.send_and_wait(topic, b"{not json", partition=1,
+                                     headers=signer_from_settings(settings).headers(topic, None, b"{not json"))
     finally:
         await producer.stop()
     org = unique("org")

@@ -28,6 +28,7 @@ from context_engine.projections.search import _LEXICAL, SearchQuery, _fused, _Re
 from context_engine.projections.search import search as search_projection
 from context_engine.projections.migrate import APP_ROLE
 from context_engine.scope import Scope
+from context_engine.streams.record_auth import verifier_from_settings
 from context_engine.streams.replay import create_database, drop_database, read_log, replay
 from context_engine.streams.topics import LogTopics
 from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
@@ -460,7 +461,8 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
     settings = engine.settings
     target = await create_database(settings.database_url, "ce_test_replay_chunks")
     try:
-        await replay(read_log(settings.kafka_bootstrap, LogTopics.from_settings(settings).events), target)
+        await replay(read_log(settings.kafka_bootstrap, LogTopics.from_settings(settings).events,
+                              verifier=verifier_from_settings(settings)), target)
         queries = [
             "SELECT chunk_id, content_hash, term_count, searchable, embedding_model, embedding::text "
             "FROM chunks WHERE org_id = $1 ORDER BY chunk_id",
@@ -520,7 +522,8 @@ async def test_term_statistics_follow_rollbacks(engine):
     settings = engine.settings
     target = await create_database(settings.database_url, "ce_test_replay_stats")
     try:
-        await replay(read_log(settings.kafka_bootstrap, LogTopics.from_settings(settings).events), target)
+        await replay(read_log(settings.kafka_bootstrap, LogTopics.from_settings(settings).events,
+                              verifier=verifier_from_settings(settings)), target)
         live, rebuilt = await asyncpg.connect(settings.database_url), await asyncpg.connect(target)
         try:
             for sql in ("SELECT scope_path, domain, term, df FROM term_stats WHERE org_id = $1 ORDER BY 1, 2, 3",
