@@ -28,6 +28,7 @@ from context_engine.inference import tokens
 from context_engine.metrics import timed
 from context_engine.projections import queries
 from context_engine.projections.database import org_transaction
+from context_engine.guardrails.trust import trusted_fingerprints
 from context_engine.projections.guardrail_queries import current_layers
 from context_engine.projections.prompt_packing import Block, Packed, pack
 from context_engine.projections.pull_context import await_scan
@@ -188,7 +189,8 @@ async def _read_session(deps: Deps, org: str, scope, visible: Visibility, cmd: A
         session = await queries.get_session(conn, org, cmd.session_id)
         if session is not None:
             require_readable(session, scope, cmd.session_id)
-        layers = [Block("layer", r.content, key=f"L{r.level}") for r in await current_layers(conn, scope)]
+        layers = [Block("layer", r.content, key=f"L{r.level}")
+                  for r in await current_layers(conn, scope, trusted=trusted_fingerprints(deps.settings))]
         pinned = await _pinned(conn, org, visible, pinned_ids)
         required = [await _required(conn, org, scope.agent_id, cmd.session_id, visible, key, deps)
                     for key in required_keys]

@@ -4,8 +4,12 @@ the domain-event log, and wait until the projection has decided about it (docs/g
 Operator-only: this runs beside the stack with the admin database URL and the broker address
 (like `reindex`), never through the API. Every check that can fail is made before anything is
 appended: the level against the owner scope, the file (readable, UTF-8, not blank, at most
-64 KiB, no NUL), the signing key. The event is keyed by `guardrail/<scope path>/L<level>`, so the
-versions of one (scope, level) are totally ordered in one partition.
+64 KiB, no NUL), the signing key, and (given the trust set, as the CLI does) that the key is one
+the projection accepts. The event is keyed by `guardrail/<scope path>/L<level>`, so the versions
+of one (scope, level) are totally ordered in one partition.
+
+The projection's decision comes back as the projector's NOTIFY (`event_archived`, the event id
+with its outcome): a refused layer leaves no row to read back.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import asyncio
 import datetime as dt
 import pathlib
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,21 +32,25 @@ from context_engine.guardrails.signing import (
     LEVEL_NAMES,
     MAX_LAYER_BYTES,
     content_sha256,
+    fingerprint,
     guardrail_aggregate,
     owner_level,
     sign_layer,
 )
-from context_engine.projections.database import org_transaction
+from context_engine.projections.database import org_transaction, set_config_sql
+from context_engine.projections.guardrail_projection import APPLIED, REJECTED_UNTRUSTED_KEY
 from context_engine.projections.guardrail_queries import (
     GuardrailLayerRow,
     current_layer,
     current_layers,
-    publication_outcome,
+    published_layer,
 )
 from context_engine.scope import Scope
+from context_engine.streams.log import ARCHIVED_CHANNEL
 from context_engine.streams.record_auth import RecordSigner
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
+REJECTED_SET_ASIDE = "REJECTED"  # the session projector's outcome for a record it set aside
 
 
 class GuardrailPublishError(RuntimeError):
@@ -102,14 +110,27 @@ def build_event(key: Ed25519PrivateKey, command: PublishGuardrail, *, actor: str
                  actor=actor, payload=layer.payload())
 
 
+def require_trusted(key: Ed25519PrivateKey, trusted: Collection[str]) -> None:
+    """InvalidArgument unless the projection would accept layers signed by `key`."""
+    if (fp := fingerprint(key)) not in trusted:
+        raise InvalidArgument("key", f"the key {fp[:16]}… is not a trusted guardrail key, so the worker would "
+                                     "refuse its layers: sign with a trusted key, or add its fingerprint or "
+                                     "public key file to CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS of the worker "
+                                     "and the API")
+
+
 async def publish_guardrail(command: PublishGuardrail, *, key: Ed25519PrivateKey, pool: asyncpg.Pool,
                             bootstrap: str, topic: str, actor: str,
                             signer: RecordSigner, security: Mapping[str, Any] | None = None,
                             timeout: float = DEFAULT_TIMEOUT_SECONDS, poll_interval: float = 0.1,
-                            partitions: int | None = None) -> Published:
+                            partitions: int | None = None,
+                            trusted: Collection[str] | None = None) -> Published:
     """Sign, append (acks=all; the record signed by `signer`, streams/record_auth.py) and wait until
-    the read model shows the projection's decision.
-    Raises GuardrailPublishError when it rejected the layer or did not decide within `timeout`."""
+    the projection has decided. Raises GuardrailPublishError when it refused the layer or did not
+    decide within `timeout`, and InvalidArgument before appending anything when `trusted` is given
+    and the key is not in it."""
+    if trusted is not None:
+        require_trusted(key, trusted)
     org = command.scope.org_id
     deadline = time.monotonic() + timeout
     async with org_transaction(pool, org, readonly=True) as conn:
@@ -118,12 +139,46 @@ async def publish_guardrail(command: PublishGuardrail, *, key: Ed25519PrivateKey
         return Published(command.level, current.scope_path, current.version, current.content_hash,
                          current.effective_at_ms, current.fingerprint, unchanged=True)
     event = build_event(key, command, actor=actor, now_ms=time.time_ns() // 1_000_000, current=current)
+    row = await append_layer(event, pool=pool, bootstrap=bootstrap, topic=topic, signer=signer, security=security,
+                             timeout=max(0.1, deadline - time.monotonic()), poll_interval=poll_interval,
+                             partitions=partitions)
+    return Published(row.level, row.scope_path, row.version, row.content_hash, row.effective_at_ms,
+                     row.fingerprint, event_id=event.event_id)
 
+
+async def append_layer(event: Event, *, pool: asyncpg.Pool, bootstrap: str, topic: str, signer: RecordSigner,
+                       security: Mapping[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                       poll_interval: float = 0.1, partitions: int | None = None) -> GuardrailLayerRow:
+    """Append a guardrail.published event (acks=all) and wait for the projection's decision: the
+    version it became, or GuardrailPublishError when the projection refused it or did not decide
+    within `timeout`."""
+    deadline = time.monotonic() + timeout
     if partitions is not None:  # create the topic with its configured count if it is missing
         from context_engine.streams.topics import ensure_topics
 
         await ensure_topics(bootstrap, {topic: partitions}, timeout=max(1.0, deadline - time.monotonic()),
                             security=security)
+    async with pool.acquire() as conn:
+        heard: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def on_notify(_conn, _pid, _channel, payload: str) -> None:
+            for item in payload.split(","):
+                event_id, _, outcome = item.partition(":")
+                if event_id == event.event_id and not heard.done():
+                    heard.set_result(outcome)
+
+        await conn.add_listener(ARCHIVED_CHANNEL, on_notify)  # before appending: nothing goes unheard
+        try:
+            meta = await _append(event, bootstrap=bootstrap, topic=topic, signer=signer, security=security,
+                                 deadline=deadline, timeout=timeout)
+            return await _decided(conn, event, heard, meta, deadline=deadline, timeout=timeout,
+                                  poll_interval=poll_interval)
+        finally:
+            await conn.remove_listener(ARCHIVED_CHANNEL, on_notify)
+
+
+async def _append(event: Event, *, bootstrap: str, topic: str, signer: RecordSigner,
+                  security: Mapping[str, Any] | None, deadline: float, timeout: float):
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **(security or {}))
     raw, record_key = event.to_bytes(), event.aggregate.encode()
     try:
@@ -136,29 +191,39 @@ async def publish_guardrail(command: PublishGuardrail, *, key: Ed25519PrivateKey
                                     "nothing may have been appended") from exc
     finally:
         await producer.stop()
+    return meta
 
+
+async def _decided(conn: asyncpg.Connection, event: Event, heard: asyncio.Future[str], meta, *,
+                   deadline: float, timeout: float, poll_interval: float) -> GuardrailLayerRow:
+    """The version the event became, once the projector has said so (or its row shows it: a
+    notification can be missed); GuardrailPublishError when it refused the layer or was silent."""
+    where = f"event {event.event_id} at {meta.topic}[{meta.partition}]@{meta.offset}"
     while True:
-        async with org_transaction(pool, org, readonly=True) as conn:
-            decided = await publication_outcome(conn, org, event.event_id)
-        if decided is not None:
-            break
+        async with conn.transaction(readonly=True):
+            await conn.execute(set_config_sql({"app.org_id": event.scope.org_id}))
+            row = await published_layer(conn, event.scope.org_id, event.event_id)
+        if row is not None:
+            return row
+        if heard.done() and heard.result() != APPLIED:
+            outcome = heard.result()
+            if outcome == REJECTED_SET_ASIDE:
+                raise GuardrailPublishError(f"the projector set {where} aside (rejected_events says why)")
+            why = ("the worker does not trust the signing key " + event.payload["key_fingerprint"][:16] + "…"
+                   if outcome == REJECTED_UNTRUSTED_KEY else "the worker's log says why")
+            raise GuardrailPublishError(f"the projection refused the layer ({outcome}): {why}; "
+                                        f"{where} was neither stored nor applied")
         if time.monotonic() > deadline:
             raise GuardrailPublishError(
-                f"appended as event {event.event_id} at {meta.topic}[{meta.partition}]@{meta.offset}, "
-                f"but not projected within {timeout:g}s: is the worker running? It will be projected "
-                "when the worker reaches it")
-        await asyncio.sleep(poll_interval)
-    if decided.layer is None:
-        raise GuardrailPublishError(f"the projection rejected the layer ({decided.outcome}): {decided.detail}")
-    row = decided.layer
-    return Published(row.level, row.scope_path, row.version, row.content_hash, row.effective_at_ms,
-                     row.fingerprint, event_id=event.event_id)
+                f"appended as {where}, but not projected within {timeout:g}s: is the worker running? "
+                "It will be projected when the worker reaches it")
+        await asyncio.wait([heard], timeout=poll_interval)
 
 
-async def list_layers(pool: asyncpg.Pool, caller: Scope) -> list[GuardrailLayerRow]:
+async def list_layers(pool: asyncpg.Pool, caller: Scope, *, trusted: Collection[str]) -> list[GuardrailLayerRow]:
     """The current layers a caller at `caller` gets (what ResolveGuardrailLayers answers)."""
     async with org_transaction(pool, caller.org_id, readonly=True) as conn:
-        return await current_layers(conn, caller)
+        return await current_layers(conn, caller, trusted=trusted)
 
 
 def format_ms(ms: int) -> str:

@@ -453,6 +453,7 @@ def guardrail_publish(
     from context_engine.commands import publish_guardrail as pg
     from context_engine.errors import InvalidArgument
     from context_engine.guardrails.signing import ensure_signing_key, layer_scope, load_signing_key, operator_key_path
+    from context_engine.guardrails.trust import trusted_fingerprints
     from context_engine.streams.kafka_security import client_security
     from context_engine.streams.record_auth import signer_from_settings
     from context_engine.streams.topics import LogTopics
@@ -467,8 +468,11 @@ def guardrail_publish(
     try:
         key = (load_signing_key(key_file) if key_file is not None
                else ensure_signing_key(operator_key_path(settings.home_dir)))
+        pg.require_trusted(key, trusted_fingerprints(settings))  # the worker would refuse it: say so now
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    except InvalidArgument as exc:
+        raise typer.BadParameter(exc.message) from exc
     topics = LogTopics.from_settings(settings)
 
     async def go():
@@ -499,6 +503,7 @@ def guardrail_list(
     """Print the current layers a caller at this scope gets, L1 first."""
     from context_engine.commands import publish_guardrail as pg
     from context_engine.errors import InvalidArgument
+    from context_engine.guardrails.trust import trusted_fingerprints
     from context_engine.scope import Scope
 
     try:
@@ -509,7 +514,7 @@ def guardrail_list(
 
     async def go():
         async with admin_pool(settings) as pool:
-            return await pg.list_layers(pool, caller)
+            return await pg.list_layers(pool, caller, trusted=trusted_fingerprints(settings))
 
     rows = asyncio.run(go())
     for row in rows:
@@ -520,8 +525,10 @@ def guardrail_list(
 
 @guardrail_app.command("key")
 def guardrail_key(key_file: GuardrailKeyFile = None, data_dir: DataDir = None) -> None:
-    """Print the operator key's path and fingerprint (generating the default key if missing)."""
+    """Print the operator key's path and fingerprint (generating the default key if missing), and
+    whether this configuration's trust set (CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS) takes it."""
     from context_engine.guardrails.signing import ensure_signing_key, fingerprint, load_signing_key, operator_key_path
+    from context_engine.guardrails.trust import trusted_fingerprints
 
     settings = _settings(home=data_dir)
     path = key_file if key_file is not None else operator_key_path(settings.home_dir)
@@ -529,7 +536,9 @@ def guardrail_key(key_file: GuardrailKeyFile = None, data_dir: DataDir = None) -
         key = load_signing_key(path) if key_file is not None else ensure_signing_key(path)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    typer.echo(f"{path}\nfingerprint {fingerprint(key)}")
+    trusted = trusted_fingerprints(settings)
+    typer.echo(f"{path}\nfingerprint {fingerprint(key)}\ntrusted {'yes' if fingerprint(key) in trusted else 'no'}"
+               + "".join(f"\ntrusted key {fp}" for fp in sorted(trusted)))
 
 
 keys_app = typer.Typer(no_args_is_help=True,

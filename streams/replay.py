@@ -36,12 +36,14 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from context_engine.events import GUARDRAIL_PUBLISHED
 from context_engine.hashing import sha256_hex
 from context_engine.projections.database import create_pool
 from context_engine.projections.deferred_indexing import MAX_ATTEMPTS
 from context_engine.projections.migrate import migrate
 from context_engine.projections.records import LogRecord
 from context_engine.projections.chunk_projection import BulkLoad, assign_recorded_vectors, recount_statistics
+from context_engine.projections.guardrail_projection import refused_on_the_log
 from context_engine.projections.session_projector import SYSTEM_ORG, apply_batch, claimed_identity
 from context_engine.streams.record_auth import RecordVerifier
 
@@ -324,10 +326,14 @@ async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url
     try:
         mark = await conn.fetchval("SELECT coalesce(max(archive_seq), 0) FROM event_archive WHERE topic = $1", topic)
         on_log: dict[str, tuple[str | None, str]] = {}  # record hash -> (event id, position)
+        layers: dict[str, bytes] = {}  # guardrail layers the projection may have refused (not archived)
         async for batch in log:
             for rec in batch:
                 _org, event_id = claimed_identity(rec.raw)
                 on_log.setdefault(sha256_hex(rec.raw), (event_id or None, f"{rec.topic}[{rec.partition}]@{rec.offset}"))
+                if GUARDRAIL_PUBLISHED.encode() in rec.raw:
+                    layers[sha256_hex(rec.raw)] = bytes(rec.raw)
+        refused: set[str] = set()
         deadline = time.monotonic() + IN_FLIGHT_GRACE_S
         while True:
             archived = {str(r["event_id"]): r["archive_seq"] for r in await conn.fetch(
@@ -335,6 +341,10 @@ async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url
             set_aside = {r["record_sha256"] for r in await conn.fetch(
                 "SELECT record_sha256 FROM rejected_events WHERE topic = $1", topic)}
             missing = {d: v for d, v in on_log.items() if d not in set_aside and v[0] not in archived}
+            for d in [d for d in missing if d in layers]:  # a refused layer is rightly neither
+                if await refused_on_the_log(conn, layers.pop(d)):
+                    refused.add(d)
+            missing = {d: v for d, v in missing.items() if d not in refused}
             if not missing or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.25)

@@ -25,7 +25,8 @@ from context_engine.commands.publish_guardrail import (
     publish_guardrail,
 )
 from context_engine.embedded.postgres import with_database
-from context_engine.events import GUARDRAIL_PUBLISHED, Event, decode
+from context_engine.errors import InvalidArgument
+from context_engine.events import GUARDRAIL_PUBLISHED, Event
 from context_engine.guardrails.signing import (
     PLATFORM_ORG,
     content_sha256,
@@ -44,19 +45,22 @@ from context_engine.projections.guardrail_projection import (
     REJECTED_STALE,
     REJECTED_UNTRUSTED_KEY,
     apply_guardrail_published,
+    refuse_layers,
 )
 from context_engine.projections.guardrail_queries import (
     current_layer,
     current_layers,
     layers_by_hash,
-    publication_outcome,
+    published_layer,
 )
 from context_engine.projections.migrate import app_url, migrate
 from context_engine.projections.prompt_validation import validate_prompt
 from context_engine.projections.records import LogRecord
-from context_engine.projections.session_projector import IGNORED, apply_batch
+from context_engine.projections.session_projector import apply_batch
 from context_engine.scope import Scope
-from context_engine.streams.record_auth import Keyring, RecordSigner
+from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
+from context_engine.streams.record_auth import Keyring, RecordSigner, RecordVerifier
+from context_engine.streams.replay import compare_log, read_log
 from context_engine.streams.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -64,6 +68,7 @@ pytestmark = pytest.mark.integration
 APP_ROLE = "context_engine_app"
 APP_PASSWORD = "app-test-password"
 KEY = Ed25519PrivateKey.generate()
+TRUSTED = frozenset({fingerprint(KEY)})  # the trust set these tests project and read with
 _clock = [1_700_000_000_000]
 
 
@@ -123,16 +128,29 @@ async def app_pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
     await pool.close()
 
 
-async def apply(conn: asyncpg.Connection, event: Event, **kwargs: Any) -> str:
+async def apply(conn: asyncpg.Connection, event: Event, trusted=TRUSTED) -> str:
     """What the projector does per event: its org's transaction, app.org_id set."""
     async with conn.transaction():
         await conn.execute("SELECT set_config('app.org_id', $1, true)", event.scope.org_id)
-        return await apply_guardrail_published(conn, event.scope.org_id, event, **kwargs)
+        return await apply_guardrail_published(conn, event.scope.org_id, event, trusted=trusted)
 
 
-async def layers_of(pool: asyncpg.Pool, caller: Scope) -> list[tuple[int, str, int, str]]:
+async def why_refused(conn: asyncpg.Connection, event: Event) -> str:
+    """The detail of the projection's refusal (logged, never stored)."""
+    async with conn.transaction():
+        await conn.execute("SELECT set_config('app.org_id', $1, true)", event.scope.org_id)
+        return (await refuse_layers(conn, event.scope.org_id, [event], trusted=TRUSTED, report=False))[
+            event.event_id].detail
+
+
+async def layers_of(pool: asyncpg.Pool, caller: Scope, trusted=TRUSTED) -> list[tuple[int, str, int, str]]:
     async with org_transaction(pool, caller.org_id, readonly=True) as c:
-        return [(r.level, r.scope_path, r.version, r.content) for r in await current_layers(c, caller)]
+        return [(r.level, r.scope_path, r.version, r.content) for r in await current_layers(c, caller, trusted=trusted)]
+
+
+async def table_counts(conn: asyncpg.Connection) -> dict[str, int]:
+    return {t: await conn.fetchval(f"SELECT count(*) FROM {t}")
+            for t in ("guardrail_layers", "guardrail_rejections", "event_archive", "rejected_events")}
 
 
 async def history(conn: asyncpg.Connection, owner: Scope, level: int) -> list[tuple[int, str]]:
@@ -171,7 +189,7 @@ async def test_versions_are_monotonic_per_scope_and_level(conn: asyncpg.Connecti
     assert got == [(1, PLATFORM_ORG, got[0][2], platform_l1), (2, org, 4, "org rules v3"),
                    (3, f"{org}/sales/emea", 2, "team rules v2")]
     async with org_transaction(app_pool, org, readonly=True) as c:
-        rows = await current_layers(c, caller)
+        rows = await current_layers(c, caller, trusted=TRUSTED)
         assert [r.level for r in rows] == [1, 2, 3]
         assert all(r.current and r.fingerprint == fingerprint(KEY) for r in rows)
         assert rows[1].content_hash == content_sha256("org rules v3")
@@ -204,9 +222,13 @@ async def test_a_replayed_old_signature_is_stale(conn: asyncpg.Connection) -> No
     same_time = layer_event(2, "other rules", org, signed_at_ms=v2.payload["signed_at_ms"])
     assert await apply(conn, same_time) == REJECTED_STALE
     assert [c for _, c in await history(conn, Scope(org), 2)] == ["lenient rules", "strict rules"]
-    reason = await conn.fetchrow("SELECT outcome, detail, level FROM guardrail_rejections WHERE event_id = $1",
-                                 uuid.UUID(replayed.event_id))
-    assert reason["outcome"] == REJECTED_STALE and "not later than version 2" in reason["detail"]
+    assert "not later than version 2" in await why_refused(conn, replayed)
+    # Within one batch, a layer is stale against one accepted before it in the batch.
+    v3, older = layer_event(2, "v3", org), layer_event(2, "older", org, signed_at_ms=v2.payload["signed_at_ms"] + 1)
+    async with conn.transaction():
+        await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
+        refused = await refuse_layers(conn, org, [v3, older, v3], trusted=TRUSTED, report=False)
+    assert {k: r.outcome for k, r in refused.items()} == {older.event_id: REJECTED_STALE}
 
 
 # -- signatures and shapes ----------------------------------------------------------------
@@ -225,11 +247,10 @@ async def test_a_bad_signature_is_never_served(conn: asyncpg.Connection, app_poo
     assert outcomes == [REJECTED_BAD_SIGNATURE] * 3
     assert await layers_of(app_pool, Scope(org)) == [(1, PLATFORM_ORG, 1, platform_l1)]
     async with org_transaction(app_pool, org, readonly=True) as c:
-        assert await layers_by_hash(c, Scope(org), [content_sha256("relaxed rules"), content_sha256("forged rules")]) == {}
-        rejected = await publication_outcome(c, org, tampered.event_id)
-        assert rejected.outcome == REJECTED_BAD_SIGNATURE and rejected.layer is None
-        assert "does not hash" in rejected.detail
-        assert await publication_outcome(c, org, str(uuid.uuid4())) is None
+        assert await layers_by_hash(c, Scope(org), [content_sha256("relaxed rules"), content_sha256("forged rules")],
+                                    trusted=TRUSTED) == {}
+        assert await published_layer(c, org, tampered.event_id) is None  # a refusal leaves no row
+    assert "does not hash" in await why_refused(conn, tampered)
     # Rejections take no version: the next good layer is version 1.
     assert await apply(conn, good) == APPLIED
     assert await history(conn, Scope(org), 2) == [(1, "the real rules")]
@@ -249,21 +270,31 @@ async def test_level_and_scope_must_agree(conn: asyncpg.Connection) -> None:
     assert outcomes == [REJECTED_SCOPE, REJECTED_SCOPE, REJECTED_SCOPE, REJECTED_MALFORMED]
     malformed = Event(GUARDRAIL_PUBLISHED, Scope(org), guardrail_aggregate(org, 2), "op", {"level": 2, "content": 7})
     assert await apply(conn, malformed) == REJECTED_MALFORMED
-    row = await conn.fetchrow("SELECT level, detail FROM guardrail_rejections WHERE event_id = $1",
-                              uuid.UUID(malformed.event_id))
-    assert row["level"] == 2 and "payload." in row["detail"]
+    assert "payload." in await why_refused(conn, malformed)
     big = layer_event(2, "z" * (64 * 1024 + 1), org)
     assert await apply(conn, big) == REJECTED_MALFORMED
     assert await apply(conn, extra_field) == APPLIED
     assert await conn.fetchval("SELECT count(*) FROM guardrail_layers WHERE org_id = $1", org) == 1
 
 
-async def test_only_trusted_keys_when_a_set_is_given(conn: asyncpg.Connection) -> None:
+async def test_only_trusted_keys(conn: asyncpg.Connection, app_pool, monkeypatch) -> None:
     org = new_org()
     stranger = Ed25519PrivateKey.generate()
-    trusted = {fingerprint(KEY)}
-    assert await apply(conn, layer_event(2, "x", org, key=stranger), trusted_fingerprints=trusted) == REJECTED_UNTRUSTED_KEY
-    assert await apply(conn, layer_event(2, "x", org), trusted_fingerprints=trusted) == APPLIED
+    before = await table_counts(conn)
+    assert await apply(conn, layer_event(2, "x", org, key=stranger)) == REJECTED_UNTRUSTED_KEY
+    assert await apply(conn, layer_event(2, "x", org), trusted=frozenset()) == REJECTED_UNTRUSTED_KEY
+    assert await table_counts(conn) == before  # a refusal writes nothing
+    assert await apply(conn, layer_event(2, "x", org)) == APPLIED
+    # Without a set given, the process's configured one (here: the stranger only).
+    monkeypatch.setenv("CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS", f'["{fingerprint(stranger)}"]')
+    assert await apply(conn, layer_event(2, "y", org), trusted=None) == REJECTED_UNTRUSTED_KEY
+    assert await apply(conn, layer_event(2, "y", org, key=stranger), trusted=None) == APPLIED
+    # Served only while trusted: taking KEY out of the set takes its version out at once, and
+    # the stranger's later version is what a caller trusting only KEY never sees.
+    assert [(v, c) for _, _, v, c in await layers_of(app_pool, Scope(org))][1:] == [(1, "x")]
+    assert [(v, c) for _, _, v, c in await layers_of(app_pool, Scope(org), frozenset({fingerprint(stranger)}))] == [
+        (2, "y")]
+    assert await layers_of(app_pool, Scope(org), frozenset()) == []
 
 
 async def test_a_duplicate_delivery_changes_nothing(conn: asyncpg.Connection) -> None:
@@ -271,25 +302,34 @@ async def test_a_duplicate_delivery_changes_nothing(conn: asyncpg.Connection) ->
     first = layer_event(2, "rules", org)
     rejected = layer_event(2, "rules", org, content="tampered")
     assert [await apply(conn, first), await apply(conn, rejected)] == [APPLIED, REJECTED_BAD_SIGNATURE]
-    before = (await conn.fetch("SELECT * FROM guardrail_layers WHERE org_id = $1", org),
-              await conn.fetch("SELECT * FROM guardrail_rejections WHERE org_id = $1", org))
-    assert [await apply(conn, first), await apply(conn, rejected), await apply(conn, first)] == [DUPLICATE] * 3
-    after = (await conn.fetch("SELECT * FROM guardrail_layers WHERE org_id = $1", org),
-             await conn.fetch("SELECT * FROM guardrail_rejections WHERE org_id = $1", org))
+    before = (await conn.fetch("SELECT * FROM guardrail_layers WHERE org_id = $1", org), await table_counts(conn))
+    # A refusal left no trace, so a redelivery is decided again, the same way.
+    assert [await apply(conn, first), await apply(conn, rejected), await apply(conn, first)] == [
+        DUPLICATE, REJECTED_BAD_SIGNATURE, DUPLICATE]
+    after = (await conn.fetch("SELECT * FROM guardrail_layers WHERE org_id = $1", org), await table_counts(conn))
     assert before == after
 
 
-async def test_apply_batch_dispatches_guardrail_events(conn: asyncpg.Connection) -> None:
-    """Through the session projector, once it dispatches guardrail.published (one line)."""
+async def test_apply_batch_dispatches_guardrail_events(conn: asyncpg.Connection, monkeypatch) -> None:
+    """Through the session projector, with the trust set of the process's settings, as the worker."""
+    monkeypatch.setenv("CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS", f'["{fingerprint(KEY)}"]')
     org = new_org()
+    stranger = Ed25519PrivateKey.generate()
     events = [layer_event(2, "v1", org), layer_event(2, "v2", org)]
     records = [LogRecord("guardrail-test", 0, i, e.to_bytes()) for i, e in enumerate(events)]
     results = await apply_batch(conn, records + [LogRecord("guardrail-test", 0, 9, events[0].to_bytes())])
-    if results[0].outcome == IGNORED:
-        pytest.skip("session_projector does not dispatch guardrail.published yet")
     assert [r.outcome for r in results] == [APPLIED, APPLIED, "DUPLICATE"]
     assert await history(conn, Scope(org), 2) == [(1, "v1"), (2, "v2")]
     assert [r.outcome for r in await apply_batch(conn, records)] == ["DUPLICATE", "DUPLICATE"]
+    # A refused layer is neither archived nor applied: only the offsets move.
+    forged = [layer_event(2, "forged", org, key=stranger), layer_event(2, "v2", org, content="tampered"),
+              dataclasses.replace(events[0], event_id=str(uuid.uuid4()))]
+    before = await table_counts(conn)
+    refused = await apply_batch(conn, [LogRecord("guardrail-test", 0, 10 + i, e.to_bytes()) for i, e in enumerate(forged)])
+    assert [r.outcome for r in refused] == [REJECTED_UNTRUSTED_KEY, REJECTED_BAD_SIGNATURE, REJECTED_STALE]
+    assert await table_counts(conn) == before
+    assert await conn.fetchval("SELECT count(*) FROM event_archive WHERE event_id = ANY($1::uuid[])",
+                               [uuid.UUID(e.event_id) for e in forged]) == 0
 
 
 # -- visibility -------------------------------------------------------------------------------
@@ -308,7 +348,8 @@ async def test_l1_is_visible_to_every_org(conn: asyncpg.Connection, app_pool, pl
             orgs = {r["org_id"] for r in await c.fetch("SELECT DISTINCT org_id FROM guardrail_layers")}
             assert orgs == {PLATFORM_ORG, org}
             assert await c.fetchval("SELECT count(*) FROM guardrail_rejections WHERE org_id <> $1", org) == 0
-            hashes = await layers_by_hash(c, Scope(org), [content_sha256(platform_l1), content_sha256(f"rules of {other}")])
+            hashes = await layers_by_hash(c, Scope(org), [content_sha256(platform_l1), content_sha256(f"rules of {other}")],
+                                          trusted=TRUSTED)
             assert list(hashes) == [content_sha256(platform_l1)] and hashes[content_sha256(platform_l1)].level == 1
 
 
@@ -319,8 +360,10 @@ async def test_a_teams_layer_is_invisible_to_another_team(conn: asyncpg.Connecti
     team_b = Scope(org, "p", "team-b", "bot")
     assert [lvl for lvl, *_ in await layers_of(app_pool, team_b)] == [1]
     async with org_transaction(app_pool, org, readonly=True) as c:
-        assert await layers_by_hash(c, team_b, [content_sha256("team A rules"), content_sha256("bot A rules")]) == {}
-        mine = await layers_by_hash(c, Scope(org, "p", "team-a", "bot"), [content_sha256("team A rules")])
+        assert await layers_by_hash(c, team_b, [content_sha256("team A rules"), content_sha256("bot A rules")],
+                                    trusted=TRUSTED) == {}
+        mine = await layers_by_hash(c, Scope(org, "p", "team-a", "bot"), [content_sha256("team A rules")],
+                                    trusted=TRUSTED)
         assert mine[content_sha256("team A rules")].scope_path == f"{org}/p/team-a"
     # Same team id under another pillar is another team.
     assert [lvl for lvl, *_ in await layers_of(app_pool, Scope(org, "q", "team-a"))] == [1]
@@ -340,7 +383,7 @@ async def test_without_app_org_id_nothing_is_visible(conn: asyncpg.Connection, a
         # The transaction-local setting is now '' on this connection: still nothing.
         assert await c.fetchval("SELECT current_setting('app.org_id', true)") == ""
         assert await c.fetchval("SELECT count(*) FROM guardrail_layers") == 0
-        assert await current_layers(c, Scope(org)) == []
+        assert await current_layers(c, Scope(org), trusted=TRUSTED) == []
 
 
 async def test_an_org_cannot_write_platform_rows(conn: asyncpg.Connection, db_url: str) -> None:
@@ -381,9 +424,9 @@ async def test_validate_prompt_over_the_read_model(conn: asyncpg.Connection, app
                   layer_event(2, v2, org)):
         assert await apply(conn, event) == APPLIED
     async with org_transaction(app_pool, org, readonly=True) as c:
-        current = await current_layers(c, caller)
+        current = await current_layers(c, caller, trusted=TRUSTED)
         hashes = [r.content_hash for r in current]
-        rows = await layers_by_hash(c, caller, hashes + [content_sha256(v1)])
+        rows = await layers_by_hash(c, caller, hashes + [content_sha256(v1)], trusted=TRUSTED)
     assert not rows[content_sha256(v1)].current and rows[hashes[1]].current
     layers = {h: r.content for h, r in rows.items()}
     levels = {h: r.level for h, r in rows.items()}
@@ -401,17 +444,21 @@ async def test_validate_prompt_over_the_read_model(conn: asyncpg.Connection, app
 
 @contextlib.asynccontextmanager
 async def projecting(bootstrap: str, topic: str, db_url: str) -> AsyncIterator[None]:
-    """A stand-in worker: reads the topic and applies guardrail events as the projector would."""
+    """A stand-in worker: reads the topic and projects its batches as the worker does
+    (`apply_batch`, announcing each one's outcomes; the trust set from the process's settings)."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest", group_id=None)
     await consumer.start()
     conn = await asyncpg.connect(db_url)
 
+    def announce(applied) -> tuple[str, list[str]]:
+        return ARCHIVED_CHANNEL, archived_payloads([(a.event_id, a.outcome) for a in applied if a.event_id])
+
     async def run() -> None:
         while True:
             for records in (await consumer.getmany(timeout_ms=100)).values():
-                for r in records:
-                    await apply(conn, decode(r.value))
+                await apply_batch(conn, [LogRecord(r.topic, r.partition, r.offset, r.value) for r in records],
+                                  notify=announce)
 
     task = asyncio.create_task(run())
     try:
@@ -439,7 +486,8 @@ async def own_db(postgres_url: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str, tmp_path) -> None:
+async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS", f'["{fingerprint(KEY)}"]')  # the worker's set
     db_url = own_db
     topic = f"guardrail-events-{uuid.uuid4().hex[:6]}"
     await ensure_topics(kafka_bootstrap, {topic: 2})
@@ -465,7 +513,17 @@ async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str, tmp
             assert changed.version == 3
             platform = await publish_guardrail(PublishGuardrail(1, layer_scope(1), f"L1 {org}\n"), **publish)
             assert platform.level == 1 and platform.scope_path == PLATFORM_ORG
-        got = await list_layers(app_pool, Scope(org, "sales", "emea", "bot"))
+            # Another key: refused by the command before anything is appended, when it is given
+            # the trust set; refused by the projection, and said so, when it is not.
+            stranger = publish | {"key": Ed25519PrivateKey.generate()}
+            with pytest.raises(InvalidArgument, match="not a trusted guardrail key"):
+                await publish_guardrail(PublishGuardrail(1, layer_scope(1), "forged\n"), trusted=TRUSTED, **stranger)
+            with pytest.raises(GuardrailPublishError, match="refused the layer .REJECTED_UNTRUSTED_KEY."):
+                await publish_guardrail(PublishGuardrail(1, layer_scope(1), "forged\n"), **stranger)
+        # verify: the refused layer is on the log and rightly neither archived nor set aside.
+        records = read_log(kafka_bootstrap, topic, verifier=RecordVerifier(publish["signer"].keyring))
+        assert await compare_log(records, topic, db_url) == []
+        got = await list_layers(app_pool, Scope(org, "sales", "emea", "bot"), trusted=TRUSTED)
         assert [(r.level, r.version, r.content) for r in got] == [
             (1, platform.version, f"L1 {org}\n"), (3, 3, "Quote prices in EUR or GBP.\n")]
         async with org_transaction(pool, org) as c:

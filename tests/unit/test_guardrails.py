@@ -15,7 +15,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from context_engine.commands.publish_guardrail import PublishGuardrail, build_event, read_layer_file
+from context_engine.commands.publish_guardrail import PublishGuardrail, build_event, read_layer_file, require_trusted
+from context_engine.config import Settings
 from context_engine.errors import InvalidArgument
 from context_engine.events import GUARDRAIL_PUBLISHED, decode
 from context_engine.guardrails.signing import (
@@ -36,6 +37,7 @@ from context_engine.guardrails.signing import (
     signed_message,
     verify_layer,
 )
+from context_engine.guardrails.trust import configured_trusted_fingerprints, public_key_fingerprint, trusted_fingerprints
 from context_engine.projections.guardrail_queries import GuardrailLayerRow
 from context_engine.projections.prompt_validation import (
     INJECTION_PATTERN,
@@ -101,6 +103,70 @@ def test_the_operator_key_is_generated_once_with_mode_0600(tmp_path: pathlib.Pat
         load_signing_key(tmp_path / "ec.pem")
     with pytest.raises(ValueError, match="cannot read"):
         load_signing_key(tmp_path / "absent.pem")
+
+
+# -- the trust set ---------------------------------------------------------------------------
+
+
+def _pem(key: Ed25519PrivateKey, public: bool) -> bytes:
+    if public:
+        return key.public_key().public_bytes(serialization.Encoding.PEM,
+                                             serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def test_by_default_only_the_homes_operator_key_is_trusted(tmp_path: pathlib.Path) -> None:
+    settings = Settings(home=tmp_path)
+    assert trusted_fingerprints(settings) == frozenset()  # no key yet: nothing is trusted
+    key = ensure_signing_key(operator_key_path(tmp_path))  # what `up` and `guardrail key` make
+    assert trusted_fingerprints(settings) == {fingerprint(key)}  # seen at the next use
+    os.unlink(operator_key_path(tmp_path))
+    other = ensure_signing_key(operator_key_path(tmp_path))  # a new home key replaces the old one
+    assert trusted_fingerprints(settings) == {fingerprint(other)}
+
+
+@pytest.mark.parametrize("entry", ["fingerprint", "FINGERPRINT", "public pem", "private pem"])
+def test_a_configured_entry_names_a_key(tmp_path: pathlib.Path, entry: str) -> None:
+    key, home_key = Ed25519PrivateKey.generate(), ensure_signing_key(operator_key_path(tmp_path))
+    if entry.lower() == "fingerprint":
+        value = fingerprint(key).upper() if entry.isupper() else fingerprint(key)
+    else:
+        (tmp_path / "k.pem").write_bytes(_pem(key, public=entry == "public pem"))
+        value = str(tmp_path / "k.pem")
+    # A configured list replaces the default: the home's key is no longer trusted.
+    assert trusted_fingerprints(Settings(home=tmp_path, guardrail_trusted_keys=[value])) == {fingerprint(key)}
+    assert fingerprint(home_key) not in trusted_fingerprints(Settings(home=tmp_path, guardrail_trusted_keys=[value]))
+
+
+@pytest.mark.parametrize("contents", [b"", b"not a key", b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",
+                                      "ec"], ids=["empty", "text", "broken pem", "an EC key"])
+def test_an_entry_that_gives_no_key_trusts_nothing(tmp_path: pathlib.Path, contents) -> None:
+    if contents == "ec":
+        contents = generate_private_key(SECP256R1()).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (tmp_path / "bad.pem").write_bytes(contents)
+    good = Ed25519PrivateKey.generate()
+    settings = Settings(home=tmp_path, guardrail_trusted_keys=[str(tmp_path / "bad.pem"), str(tmp_path / "absent.pem"),
+                                                              fingerprint(good)])
+    assert trusted_fingerprints(settings) == {fingerprint(good)}
+    with pytest.raises(ValueError):
+        public_key_fingerprint(tmp_path / "bad.pem")
+
+
+def test_the_configured_set_is_read_from_the_environment(tmp_path: pathlib.Path, monkeypatch) -> None:
+    key = Ed25519PrivateKey.generate()
+    monkeypatch.setenv("CONTEXT_ENGINE_HOME", str(tmp_path))
+    assert configured_trusted_fingerprints() == frozenset()
+    monkeypatch.setenv("CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS", f'["{fingerprint(key)}"]')
+    assert configured_trusted_fingerprints() == {fingerprint(key)}
+
+
+def test_the_publish_command_refuses_an_untrusted_key_before_appending() -> None:
+    key = Ed25519PrivateKey.generate()
+    require_trusted(key, {fingerprint(key)})
+    with pytest.raises(InvalidArgument, match="not a trusted guardrail key"):
+        require_trusted(key, {fingerprint(Ed25519PrivateKey.generate())})
 
 
 def test_fingerprint_is_the_sha256_of_the_raw_public_key() -> None:
