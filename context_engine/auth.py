@@ -125,6 +125,18 @@ class TokenVerifier:
             raise Unauthenticated("token has expired", reason="TOKEN_EXPIRED") from exc
         except jwt.InvalidSignatureError as exc:
             raise Unauthenticated("token signature does not verify", reason="TOKEN_BAD_SIGNATURE") from exc
+        except jwt.ImmatureSignatureError as exc:
+            raise Unauthenticated("token is not valid yet (nbf or iat in the future)",
+                                  reason="TOKEN_NOT_YET_VALID") from exc
+        except jwt.InvalidIssuerError as exc:
+            raise Unauthenticated("token issuer is not the configured one", reason="TOKEN_ISSUER_REJECTED") from exc
+        except jwt.InvalidAudienceError as exc:
+            raise Unauthenticated("token audience is not the configured one",
+                                  reason="TOKEN_AUDIENCE_REJECTED") from exc
+        except jwt.exceptions.InvalidSubjectError as exc:
+            raise _claim_error("sub must be a non-empty string") from exc
+        except jwt.MissingRequiredClaimError as exc:
+            raise Unauthenticated(f"token lacks a required claim: {exc.claim}", reason="TOKEN_CLAIM_MISSING") from exc
         except jwt.InvalidTokenError as exc:
             raise Unauthenticated(f"token rejected: {exc}", reason="TOKEN_INVALID") from exc
         return _principal(claims), float(claims["exp"])

@@ -37,6 +37,7 @@ from context_engine.guardrails.signing import ensure_signing_key, operator_key_p
 from context_engine.inference.detector.token import service_token as detector_service_token
 from context_engine.projections.migrate import migrate
 from context_engine.streams import readiness
+from context_engine.streams.kafka_security import client_security
 from context_engine.streams.topics import LogTopics, ensure_topics
 
 DATABASE_NAME = "context_engine"
@@ -155,7 +156,8 @@ class Stack:
         env[f"{ENV_PREFIX}KAFKA_BOOTSTRAP"] = bootstrap
         # Before any client touches the broker: a Metadata request would auto-create a topic
         # with the wrong partition count.
-        asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(self.settings).partitions))
+        asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(self.settings).partitions,
+                                  security=client_security(self.settings)))
 
         write_stack_file(self.home, database_url, bootstrap)
         readiness.clear(self.home)  # SERVING waits for this worker's word, not an earlier one's

@@ -41,7 +41,8 @@ def api_database_url(settings: Settings) -> str:
     """The API connects as the app role (no BYPASSRLS), never as the admin of database_url."""
     if settings.api_database_url:
         return settings.api_database_url
-    return app_url(settings.database_url, APP_ROLE)
+    path = settings.app_password_path  # written by `up` (supervisor), set by migrate
+    return app_url(settings.database_url, APP_ROLE, path.read_text().strip() if path.exists() else None)
 
 
 @contextlib.asynccontextmanager

@@ -66,6 +66,9 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+MAX_METADATA_BYTES = 16 * 1024
+
+
 def build_server(address: str, services: Sequence[ServiceBinding], *,
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
                  max_message_bytes: int = 8 * 1024 * 1024, reuse_port: bool = False) -> HostedServer:
@@ -76,6 +79,11 @@ def build_server(address: str, services: Sequence[ServiceBinding], *,
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", int(reuse_port)),
+            # One limit, not gRPC's soft 8 KiB / hard 16 KiB pair, between which it refuses a
+            # random share of calls: metadata up to this size always arrives (a token up to
+            # auth.MAX_TOKEN_BYTES is then refused by the verifier, with its reason), larger never.
+            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
         ],
     )
     for service in services:
