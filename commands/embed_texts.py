@@ -1,15 +1,16 @@
-"""The Embed RPC: vectors from the running embedder, cached per org by content hash and model.
+"""The Embed RPC: vectors from the running embedder, cached per caller scope by content hash and model.
 
 - Up to `MAX_TEXTS` texts; each at most the configured content limit.
 - `model_version` in the request is an assertion, never a selector: empty or exactly the
   running embedder's value, anything else INVALID_ARGUMENT (the cache is keyed by the model
   the server actually ran, so a caller can never file vectors under another model's name).
-- A vector is `cached` when it came from `embedding_cache` (this org, this model, younger than
-  `embed_cache_ttl_days`) or from `content_vectors` (what the embedding pipeline recorded on the
-  log for this org's chunks): identical content is embedded once. Fresh vectors are written to
-  `embedding_cache` with the time they were computed; an expired entry is recomputed and
-  replaced. The cache is per org on purpose: a shared one would tell one tenant, through
-  `cached`, which texts another tenant embedded.
+- A vector is `cached` when it came from `embedding_cache` (this caller's scope, this model,
+  younger than `embed_cache_ttl_days`) or from `content_vectors` (what the embedding pipeline
+  recorded on the log) for content of a chunk the caller sees (context_engine.visibility):
+  identical content is embedded once. Fresh vectors are written to `embedding_cache` with the
+  time they were computed; an expired entry is recomputed and replaced. The cache is per scope
+  on purpose: a shared one would tell a caller, through `cached` (or its speed), which texts
+  another tenant or a sibling team embedded or wrote.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from context_engine.errors import InvalidArgument
 from context_engine.hashing import sha256_hex
 from context_engine.inference.embedder import Embedder
 from context_engine.projections.database import org_transaction
+from context_engine.scope import Scope
+from context_engine.visibility import Visibility
 
 MAX_TEXTS = 100
 
@@ -55,20 +58,23 @@ def validate(cmd: EmbedTexts, embedder: Embedder, max_bytes: int) -> None:
             raise InvalidArgument(f"texts[{i}]", f"is larger than {max_bytes} bytes")
 
 
-async def embed_texts(deps: Deps, embedder: Embedder, org_id: str, cmd: EmbedTexts) -> EmbeddedTexts:
+async def embed_texts(deps: Deps, embedder: Embedder, caller: Scope, cmd: EmbedTexts) -> EmbeddedTexts:
     validate(cmd, embedder, deps.settings.max_content_bytes)
+    org_id, visible = caller.org_id, Visibility.of(caller)
     model = embedder.model_version
     hashes = [sha256_hex(t.encode()) for t in cmd.texts]
     wanted = sorted(set(hashes))
     async with org_transaction(deps.pool, org_id, readonly=True) as conn:
         rows = await conn.fetch(
             "SELECT content_hash, embedding FROM embedding_cache "
-            "WHERE org_id = $1 AND model_version = $2 AND content_hash = ANY($3::text[]) "
+            "WHERE org_id = $1 AND scope_path = $5 AND model_version = $2 AND content_hash = ANY($3::text[]) "
             "  AND created_at > now() - make_interval(days => $4) "
             "UNION ALL "
-            "SELECT content_hash, embedding::real[] FROM content_vectors "
-            "WHERE org_id = $1 AND model_version = $2 AND content_hash = ANY($3::text[])",
-            org_id, model, wanted, deps.settings.embed_cache_ttl_days)
+            "SELECT v.content_hash, v.embedding::real[] FROM content_vectors v "
+            "WHERE v.org_id = $1 AND v.model_version = $2 AND v.content_hash = ANY($3::text[]) "
+            "  AND EXISTS (SELECT FROM chunks c WHERE c.org_id = $1 AND c.content_hash = v.content_hash "
+            "              AND c.searchable AND c.scope_path = ANY($6::text[]))",
+            org_id, model, wanted, deps.settings.embed_cache_ttl_days, caller.path, visible.sql_paths)
     found = {r["content_hash"]: np.asarray(r["embedding"], dtype=np.float32) for r in rows}
     missing = [h for h in wanted if h not in found]
     fresh: dict[str, np.ndarray] = {}
@@ -78,10 +84,10 @@ async def embed_texts(deps: Deps, embedder: Embedder, org_id: str, cmd: EmbedTex
         fresh = dict(zip(missing, vectors))
         async with org_transaction(deps.pool, org_id) as conn:
             await conn.execute(
-                "INSERT INTO embedding_cache (org_id, content_hash, model_version, embedding) "
-                "SELECT $1, u.h, $2, u.v::real[] FROM unnest($3::text[], $4::vector[]) AS u(h, v) "
-                "ON CONFLICT (org_id, content_hash, model_version) DO UPDATE "
+                "INSERT INTO embedding_cache (org_id, scope_path, content_hash, model_version, embedding) "
+                "SELECT $1, $5, u.h, $2, u.v::real[] FROM unnest($3::text[], $4::vector[]) AS u(h, v) "
+                "ON CONFLICT (org_id, scope_path, content_hash, model_version) DO UPDATE "
                 "SET embedding = EXCLUDED.embedding, created_at = now()",
-                org_id, model, missing, [Vector(fresh[h]) for h in missing])
+                org_id, model, missing, [Vector(fresh[h]) for h in missing], caller.path)
     return EmbeddedTexts([fresh[h] if h in fresh else found[h] for h in hashes],
                          [h not in fresh for h in hashes], model)

@@ -123,7 +123,7 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
             outcome=int(r.outcome))
 
     async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
-        result = await embed_texts(self.deps, self.deps.embedder, current_principal().scope.org_id,
+        result = await embed_texts(self.deps, self.deps.embedder, current_principal().scope,
                                    EmbedTexts(texts=list(request.texts), model_version=request.model_version))
         return pb.EmbedResponse(
             embeddings=[pb.EmbeddingVector(values=v.tolist(), cached=c)
