@@ -7,6 +7,7 @@ verifies RS256 or EdDSA signatures with a configured public key and never holds 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import pathlib
 import secrets
 import time
@@ -115,11 +116,21 @@ class TokenVerifier:
         if alg not in self._keys:
             raise Unauthenticated(f"token algorithm {alg!r} is not accepted",
                                   reason="TOKEN_ALGORITHM_REJECTED")
+        # The claims' types first, unverified: PyJWT coerces times (exp "123") and reports a bad
+        # one as it reports a bad payload. Refusing a forgery here or after the signature check
+        # tells its maker nothing more; its reason is then exact.
         try:
+            unverified = jwt.decode(token, options={"verify_signature": False})
+        except jwt.InvalidTokenError as exc:
+            raise Unauthenticated(f"malformed token: {exc}", reason="TOKEN_MALFORMED") from exc
+        _check_time_types(unverified)
+        try:
+            # verify_aud on even when no audience is configured: then a token naming one is
+            # another service's, and refused.
             claims = jwt.decode(
                 token, self._keys[alg], algorithms=[alg], issuer=self._issuer,
                 audience=self._audience, leeway=self._leeway,
-                options={"require": list(REQUIRED_CLAIMS), "verify_aud": self._audience is not None},
+                options={"require": list(REQUIRED_CLAIMS), "verify_aud": True},
             )
         except jwt.ExpiredSignatureError as exc:
             raise Unauthenticated("token has expired", reason="TOKEN_EXPIRED") from exc
@@ -150,15 +161,21 @@ def _claim_error(message: str) -> Unauthenticated:
     return Unauthenticated(f"token claims are invalid: {message}", reason="TOKEN_CLAIMS_INVALID")
 
 
+def _check_time_types(claims: dict) -> None:
+    """exp, nbf and iat, where present, are finite numbers (not strings, booleans or null)."""
+    for name in TIME_CLAIMS:
+        value = claims.get(name)
+        if name in claims and (type(value) not in (int, float) or not math.isfinite(value)):
+            raise _claim_error(f"{name} must be a number (seconds since the epoch)")
+
+
 def _principal(claims: dict) -> Principal:
     """Claims of strict types only: PyJWT takes exp "123" or True for a time, Python takes True
     for clearance 1 and str() makes an id of anything; none of these is what the issuer meant."""
     clearance = claims.get("clearance")
     if type(clearance) is not int or not MIN_CLEARANCE <= clearance <= MAX_CLEARANCE:
         raise _claim_error(f"clearance must be an integer {MIN_CLEARANCE}..{MAX_CLEARANCE}")
-    for name in TIME_CLAIMS:
-        if name in claims and (type(claims[name]) not in (int, float) or claims[name] != claims[name]):
-            raise _claim_error(f"{name} must be a number (seconds since the epoch)")
+    _check_time_types(claims)
     ids = []
     for name in SCOPE_CLAIMS:
         value = claims.get(name, "")

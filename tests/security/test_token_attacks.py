@@ -21,17 +21,21 @@ from context_engine.auth import MAX_TOKEN_BYTES, TokenVerifier, ensure_dev_key
 from context_engine.config import Settings
 from context_engine.errors import Unauthenticated
 from tests.security.row_counts import unchanged
-from tests.security.world import settled
+from tests.fixtures.settling import settled
 
 pytestmark = pytest.mark.integration
 
 ORG = "token-attacks"
-NOW = int(dt.datetime.now(dt.UTC).timestamp())
+
+
+def now() -> int:
+    """Read at each use: the suite may run long after this module was imported."""
+    return int(dt.datetime.now(dt.UTC).timestamp())
 
 
 def claims(**overrides) -> dict:
     base = {"sub": "attacker", "org_id": ORG, "pillar_id": "", "team_id": "", "agent_id": "",
-            "clearance": 4, "iat": NOW, "exp": NOW + 600}
+            "clearance": 4, "iat": now(), "exp": now() + 600}
     base.update(overrides)
     return {k: v for k, v in base.items() if v is not _DROP}
 
@@ -62,6 +66,15 @@ def with_embedded_key() -> str:
     return jwt.encode(claims(), private, algorithm="RS256", headers={"jwk": jwk, "kid": "../../etc/passwd"})
 
 
+def _not_json_payload(key: bytes) -> str:
+    """A correctly signed token whose payload is not a JSON object."""
+    import hashlib
+    import hmac
+
+    signing_input = f"{_b64(json.dumps({'alg': 'HS256', 'typ': 'JWT'}).encode())}.{_b64(b'[1, 2, 3]')}"
+    return f"{signing_input}.{_b64(hmac.new(key, signing_input.encode(), hashlib.sha256).digest())}"
+
+
 # name -> (token from the deployment's real key, the reason code it must be refused with)
 ATTACKS = {
     "alg none": (lambda key: unsigned(claims()), "TOKEN_ALGORITHM_REJECTED"),
@@ -73,11 +86,11 @@ ATTACKS = {
     "payload swapped, signature kept": (tampered, "TOKEN_BAD_SIGNATURE"),
     "signature stripped": (lambda key: jwt.encode(claims(), key, algorithm="HS256").rsplit(".", 1)[0] + ".",
                            "TOKEN_BAD_SIGNATURE"),
-    "expired": (lambda key: jwt.encode(claims(iat=NOW - 7200, exp=NOW - 3600), key, algorithm="HS256"),
+    "expired": (lambda key: jwt.encode(claims(iat=now() - 7200, exp=now() - 3600), key, algorithm="HS256"),
                 "TOKEN_EXPIRED"),
-    "not before in an hour": (lambda key: jwt.encode(claims(nbf=NOW + 3600), key, algorithm="HS256"),
+    "not before in an hour": (lambda key: jwt.encode(claims(nbf=now() + 3600), key, algorithm="HS256"),
                               "TOKEN_NOT_YET_VALID"),
-    "issued in an hour": (lambda key: jwt.encode(claims(iat=NOW + 3600), key, algorithm="HS256"),
+    "issued in an hour": (lambda key: jwt.encode(claims(iat=now() + 3600), key, algorithm="HS256"),
                           "TOKEN_NOT_YET_VALID"),
     "no exp": (lambda key: jwt.encode(claims(exp=_DROP), key, algorithm="HS256"), "TOKEN_CLAIM_MISSING"),
     "no sub": (lambda key: jwt.encode(claims(sub=_DROP), key, algorithm="HS256"), "TOKEN_CLAIM_MISSING"),
@@ -85,6 +98,7 @@ ATTACKS = {
     "no clearance": (lambda key: jwt.encode(claims(clearance=_DROP), key, algorithm="HS256"),
                      "TOKEN_CLAIM_MISSING"),
     "malformed": (lambda key: "not.a.jwt", "TOKEN_MALFORMED"),
+    "payload not an object, signed": (_not_json_payload, "TOKEN_MALFORMED"),
     "oversized": (lambda key: jwt.encode(claims(padding="x" * MAX_TOKEN_BYTES), key, algorithm="HS256"),
                   "TOKEN_TOO_LARGE"),
 }
@@ -94,42 +108,47 @@ TRANSPORT_REFUSED = {
     "a token just over the metadata limit": lambda key: "a." * (MAX_METADATA_BYTES // 2),
 }
 
-# Claims of the wrong type or shape, each signed with the real key.
-BAD_CLAIMS = {
-    "clearance true": {"clearance": True},
-    "clearance false": {"clearance": False},
-    "clearance '4'": {"clearance": "4"},
-    "clearance 4.0": {"clearance": 4.0},
-    "clearance 0": {"clearance": 0},
-    "clearance 5": {"clearance": 5},
-    "clearance null": ({"clearance": None}, "TOKEN_CLAIM_MISSING"),  # PyJWT: null is absent
-    "clearance list": {"clearance": [4]},
-    "org_id a number": {"org_id": 12345},
-    "org_id a list": {"org_id": [ORG]},
-    "org_id empty": {"org_id": ""},
-    "org_id _system": {"org_id": "_system"},
-    "org_id _platform": {"org_id": "_platform"},
-    "org_id with NUL": {"org_id": ORG + "\x00x"},
-    "org_id with a slash": {"org_id": f"{ORG}/sales"},
-    "org_id of 129 characters": {"org_id": "a" * 129},
-    "team without pillar": {"team_id": "emea"},
-    "team_id a number": {"pillar_id": "sales", "team_id": 7},
-    "agent_id an object": {"pillar_id": "p", "team_id": "t", "agent_id": {"id": "a"}},
-    "exp a string": {"exp": str(NOW + 600)},
-    "exp true": ({"exp": True}, "TOKEN_EXPIRED"),  # PyJWT reads true as 1970
-    "nbf a string": {"nbf": str(NOW - 10)},
-    "iat a string": {"iat": str(NOW)},
-    "sub a number": {"sub": 42},
-    "sub empty": {"sub": ""},
-    "sub with NUL": {"sub": "a\x00b"},
-    "sub with a newline": {"sub": "a\nINFO forged log line"},
-    "sub of 300 characters": {"sub": "s" * 300},
-}
-
-
-def _bad_claims() -> dict[str, tuple[dict, str]]:
-    """BAD_CLAIMS with each row's reason: TOKEN_CLAIMS_INVALID unless the row names another."""
-    return {name: row if isinstance(row, tuple) else (row, "TOKEN_CLAIMS_INVALID") for name, row in BAD_CLAIMS.items()}
+def bad_claims() -> dict[str, tuple[dict, str]]:
+    """Claims of the wrong type or shape, each to be signed with the real key, and the reason
+    each is refused with (made at each use: some hold times)."""
+    rows = {
+        "clearance true": {"clearance": True},
+        "clearance false": {"clearance": False},
+        "clearance '4'": {"clearance": "4"},
+        "clearance 4.0": {"clearance": 4.0},
+        "clearance 0": {"clearance": 0},
+        "clearance 5": {"clearance": 5},
+        "clearance null": ({"clearance": None}, "TOKEN_CLAIM_MISSING"),  # PyJWT: null is absent
+        "clearance list": {"clearance": [4]},
+        "org_id a number": {"org_id": 12345},
+        "org_id a list": {"org_id": [ORG]},
+        "org_id empty": {"org_id": ""},
+        "org_id _system": {"org_id": "_system"},
+        "org_id _platform": {"org_id": "_platform"},
+        "org_id with NUL": {"org_id": ORG + "\x00x"},
+        "org_id with a slash": {"org_id": f"{ORG}/sales"},
+        "org_id of 129 characters": {"org_id": "a" * 129},
+        "team without pillar": {"team_id": "emea"},
+        "team_id a number": {"pillar_id": "sales", "team_id": 7},
+        "agent_id an object": {"pillar_id": "p", "team_id": "t", "agent_id": {"id": "a"}},
+        "exp a numeric string": {"exp": str(now() + 600)},
+        "exp a word": {"exp": "later"},
+        "exp a list": {"exp": [now() + 600]},
+        "exp true": {"exp": True},
+        "exp infinite": {"exp": float("inf")},
+        "exp null": {"exp": None},
+        "nbf a string": {"nbf": str(now() - 10)},
+        "nbf a word": {"nbf": "soon"},
+        "iat a string": {"iat": str(now())},
+        "iat an object": {"iat": {"t": now()}},
+        "sub a number": {"sub": 42},
+        "sub empty": {"sub": ""},
+        "sub with NUL": {"sub": "a\x00b"},
+        "sub with a newline": {"sub": "a\nINFO forged log line"},
+        "sub of 300 characters": {"sub": "s" * 300},
+        "aud of another service (none configured)": ({"aud": "billing-service"}, "TOKEN_AUDIENCE_REJECTED"),
+    }
+    return {name: row if isinstance(row, tuple) else (row, "TOKEN_CLAIMS_INVALID") for name, row in rows.items()}
 
 
 async def _ingest(engine, metadata):
@@ -159,7 +178,7 @@ async def test_every_token_attack_is_refused_and_writes_nothing(settled_engine) 
     async with unchanged(settled_engine.settings.database_url):
         for name, (make, reason) in ATTACKS.items():
             outcomes[name] = (await _refused(settled_engine, make(key)), reason)
-        for name, (bad, reason) in _bad_claims().items():
+        for name, (bad, reason) in bad_claims().items():
             token = jwt.encode(claims(**bad), key, algorithm="HS256")
             outcomes[name] = (await _refused(settled_engine, token), reason)
         for name, make in TRANSPORT_REFUSED.items():
@@ -167,7 +186,7 @@ async def test_every_token_attack_is_refused_and_writes_nothing(settled_engine) 
     wrong = {name: got for name, (got, want) in outcomes.items()
              if got != (want if name in TRANSPORT_REFUSED else (grpc.StatusCode.UNAUTHENTICATED, want))}
     assert wrong == {}
-    assert len(outcomes) == len(ATTACKS) + len(BAD_CLAIMS) + len(TRANSPORT_REFUSED)
+    assert len(outcomes) == len(ATTACKS) + len(bad_claims()) + len(TRANSPORT_REFUSED)
 
 
 async def test_the_genuine_token_still_writes(settled_engine) -> None:
