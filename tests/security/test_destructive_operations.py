@@ -11,7 +11,8 @@ from upsquad.context.v1 import context_pb2 as pb
 from context_engine.api.status import error_info
 from context_engine.scope import Scope
 from tests.security.row_counts import unchanged
-from tests.security.world import may_rewrite, scopes, settled
+from tests.fixtures.settling import settled
+from tests.security.world import may_rewrite, scopes
 
 pytestmark = pytest.mark.integration
 

@@ -43,7 +43,6 @@ from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 from context_engine.api.status import error_info
 from context_engine.auth import mint_token
 from context_engine.commands.publish_guardrail import GuardrailPublishError, PublishGuardrail, append_layer, build_event
-from context_engine.embedded.process import free_port
 from context_engine.events import GUARDRAIL_PUBLISHED, Event
 from context_engine.guardrails.signing import (
     content_sha256,
@@ -66,9 +65,10 @@ from context_engine.streams.kafka_security import client_security
 from context_engine.streams.record_auth import signer_from_settings
 from context_engine.streams.topics import LogTopics
 from tests.fixtures.detector_stub import StubDetector
-from tests.fixtures.engine import Engine, running_engine, unique
+from tests.fixtures.engine import Engine, unique
+from tests.security.deployment import quiet_deployment
 from tests.security.row_counts import changed, row_counts
-from tests.security.world import settled
+from tests.fixtures.settling import settled
 
 pytestmark = pytest.mark.integration
 
@@ -125,20 +125,12 @@ class Host:
 async def host(postgres_url, kafka_bootstrap, tmp_path_factory) -> AsyncIterator[Host]:
     home = tmp_path_factory.mktemp("host-home")
     ensure_signing_key(operator_key_path(home))  # as `up` does before it starts anything
-    detector = StubDetector(free_port(), home / "detector-models", {})  # the home's token, as `up`'s
-    await detector.start()
-    try:
-        async with running_engine(postgres_url, kafka_bootstrap, home, extra_env={
-                "CONTEXT_ENGINE_DETECTOR_PORT": str(detector.port),
-                "CONTEXT_ENGINE_WORKER_METRICS_PORT": str(free_port()),
-                "CONTEXT_ENGINE_SAVINGS_SAMPLE_RATE": "0"}) as engine:
-            pool = await create_pool(engine.settings.database_url, org_scoped=False, max_size=2)
-            try:
-                yield Host(engine, detector, pool)
-            finally:
-                await pool.close()
-    finally:
-        await detector.stop()
+    async with quiet_deployment(postgres_url, kafka_bootstrap, home) as (engine, detector):
+        pool = await create_pool(engine.settings.database_url, org_scoped=False, max_size=2)
+        try:
+            yield Host(engine, detector, pool)
+        finally:
+            await pool.close()
 
 
 @contextlib.asynccontextmanager

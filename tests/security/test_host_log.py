@@ -31,7 +31,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 from upsquad.context.v1 import context_pb2 as pb
 
-from context_engine.embedded.process import free_port
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
@@ -46,10 +45,10 @@ from context_engine.streams.record_auth import (
     signer_from_settings,
 )
 from context_engine.streams.topics import LogTopics
-from tests.fixtures.detector_stub import StubDetector
-from tests.fixtures.engine import running_engine, unique
+from tests.fixtures.engine import unique
+from tests.security.deployment import quiet_deployment
 from tests.security.row_counts import unchanged
-from tests.security.world import settled
+from tests.fixtures.settling import settled
 
 pytestmark = pytest.mark.integration
 
@@ -60,17 +59,8 @@ MARKER = f"FORGED-{uuid.uuid4().hex}"  # in every forged content: must never rea
 async def log_engine(postgres_url, kafka_bootstrap, tmp_path_factory):
     """A deployment of this module's own: its keyring is rotated below, its worker's metrics are
     read, and it samples no savings (nothing but a request or a job writes a row)."""
-    home = tmp_path_factory.mktemp("host-log-home")
-    detector = StubDetector(free_port(), home / "detector-models", {})  # scans clear (none quarantined)
-    await detector.start()
-    try:
-        async with running_engine(postgres_url, kafka_bootstrap, home, extra_env={
-                "CONTEXT_ENGINE_DETECTOR_PORT": str(detector.port),
-                "CONTEXT_ENGINE_WORKER_METRICS_PORT": str(free_port()),
-                "CONTEXT_ENGINE_SAVINGS_SAMPLE_RATE": "0"}) as running:
-            yield running
-    finally:
-        await detector.stop()
+    async with quiet_deployment(postgres_url, kafka_bootstrap, tmp_path_factory.mktemp("host-log-home")) as (running, _):
+        yield running
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@
    context_engine_system, and only through it.
 5. A data directory initialised with trust by an earlier release is brought to scram by `up`.
 
-Every refusal on the shared engine is checked to have written nothing (`unchanged_rows`).
+Every refusal on the suite's quiet deployment is checked to have written nothing (`unchanged_rows`).
 """
 
 from __future__ import annotations
@@ -86,20 +86,17 @@ def _no_ambient_password(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
     monkeypatch.setenv("PGPASSFILE", str(tmp_path / "no-passfile"))
 
 
-async def _settled(admin_url: str, limit_s: float = 60.0) -> None:
-    """Until nothing asked before is still being written (the warm-up's unacknowledged first try
-    can be archived seconds later; pushed memory is scanned, then indexed, after its ack): row
-    counts equal over one second. A wait, not an assertion: unchanged_rows then judges."""
-    from tests.security.row_counts import row_counts
+@pytest.fixture(scope="module")
+def engine(quiet_engine):
+    """This module attacks the suite's quiet deployment, where nothing writes a row unprompted
+    (tests/security/deployment.py): `unchanged_rows` then judges every refusal."""
+    return quiet_engine
 
-    deadline = time.monotonic() + limit_s
-    before = await row_counts(admin_url)
-    while time.monotonic() < deadline:
-        await asyncio.sleep(1.0)
-        now = await row_counts(admin_url)
-        if now == before:
-            return
-        before = now
+
+async def _settled(admin_url: str) -> None:
+    from tests.fixtures.settling import settled
+
+    await settled(admin_url)
 
 
 @pytest.fixture(scope="module")
@@ -399,10 +396,6 @@ async def several_orgs(engine) -> list[str]:
                     "INSERT INTO rejected_events (record_sha256, org_id, event_id, topic, partition, \"offset\", "
                     "reason, raw) VALUES ($1, $2, NULL, 'host-pg-test', 0, 0, 'test', '\\x00')",
                     sha256_hex(org.encode()), org)
-        pending = "SELECT count(*) FROM memory_versions WHERE org_id = ANY($1) AND pii_status = 'pending'"
-        deadline = time.monotonic() + 60
-        while await conn.fetchval(pending, orgs) and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
         await _settled(engine.settings.database_url)
         await conn.execute("ANALYZE")  # planner statistics exist for the pg_stats attempt
         for table in ("chunks", "memory_versions", "event_archive", "sessions", "savings_by_model", "rejected_events"):

@@ -17,7 +17,8 @@ import pytest
 from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.scope import Scope
-from tests.security.world import scopes, sees, settled
+from tests.fixtures.settling import settled
+from tests.security.world import scopes, sees
 
 pytestmark = pytest.mark.integration
 
@@ -88,43 +89,44 @@ async def world(quiet_engine) -> World:
     return w
 
 
-async def _found_or_absent(call, needle: str) -> bool:
-    """True when the call succeeds and its answer holds `needle`; False when it fails NOT_FOUND
-    (how the engine refuses what the caller may not see) or succeeds without it."""
+async def _found_or_absent(call, *needles: str) -> bool:
+    """True when the call succeeds and its answer holds one of `needles` anywhere (the prompt,
+    chunk_ids, results); False when it fails NOT_FOUND (how the engine refuses what the caller
+    may not see) or succeeds without any."""
     try:
         reply = await call
     except grpc.aio.AioRpcError as err:
         assert err.code() == grpc.StatusCode.NOT_FOUND, f"{err.code()}: {err.details()}"
         return False
-    return needle in str(reply)
+    return any(needle in str(reply) for needle in needles)
 
 
 async def search(w: World, reader: str, item: Written) -> bool:
     return await _found_or_absent(w.caller(reader)("Search", pb.SearchRequest(
-        query=item.marker, top_k=50, min_score=0.01)), item.marker)
+        query=item.marker, top_k=50, min_score=0.01)), item.marker, item.chunk_id)
 
 
 async def history(w: World, reader: str, item: Written) -> bool:
     return await _found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
-        session_id=item.session_id, token_budget=BUDGET)), item.marker)
+        session_id=item.session_id, token_budget=BUDGET)), item.marker, item.chunk_id)
 
 
 async def retrieved(w: World, reader: str, item: Written) -> bool:
     # The reader's own empty session: whatever holds the marker came from retrieval.
     return await _found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
-        session_id=f"probe-{reader}", task_description=item.marker, token_budget=BUDGET)), item.marker)
+        session_id=f"probe-{reader}", task_description=item.marker, token_budget=BUDGET)), item.marker, item.chunk_id)
 
 
 async def pinned(w: World, reader: str, item: Written) -> bool:
     return await _found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
         session_id=f"probe-{reader}", token_budget=BUDGET, hints={"pinned_chunk_ids": item.chunk_id})),
-        item.marker)
+        item.marker, item.chunk_id)
 
 
 async def must_include(w: World, reader: str, item: Written) -> bool:
     return await _found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
         session_id=item.session_id, token_budget=BUDGET, hints={"must_include": f"event:{item.event_id}"})),
-        item.marker)
+        item.marker, item.chunk_id)
 
 
 async def pull_latest(w: World, reader: str, item: Written) -> bool:
@@ -149,6 +151,13 @@ async def snapshot_lookup(w: World, reader: str, item: Written) -> bool:
     return bool(reply.version_hash)
 
 
+async def embed_cached(w: World, reader: str, item: Written) -> bool:
+    """Embed of the writer's exact text: `cached` says whether a vector of it was known, which must
+    tell the reader nothing of content it does not see."""
+    reply = await w.caller(reader)("Embed", pb.EmbedRequest(texts=[item.marker]))
+    return reply.embeddings[0].cached
+
+
 def memory_addressed(reader: Scope, writer: Scope) -> bool:
     """PullContext asks for an agent's memory: the writer's agent id, or (when that is empty) the
     reader's own. Memory a non-agent scope pushed is addressable only by non-agent readers."""
@@ -165,6 +174,7 @@ PATHS = {
     "pull_latest": (pull_latest, lambda r, item: sees(r, item.writer) and memory_addressed(r, item.writer)),
     "pull_snapshot": (pull_snapshot, lambda r, item: sees(r, item.writer) and memory_addressed(r, item.writer)),
     "snapshot_lookup": (snapshot_lookup, lambda r, item: sees(r, item.session_owner)),
+    "embed_cached": (embed_cached, lambda r, item: sees(r, item.writer)),
 }
 
 

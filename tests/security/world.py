@@ -8,11 +8,6 @@ destructive operations: only the session's owner scope.
 
 from __future__ import annotations
 
-import asyncio
-import time
-
-import asyncpg
-
 from context_engine.scope import Scope
 from tests.fixtures.engine import unique
 
@@ -44,25 +39,3 @@ def sees(reader: Scope, owner: Scope) -> bool:
 
 def may_rewrite(caller: Scope, session_owner: Scope) -> bool:
     return caller == session_owner
-
-
-async def settled(admin_url: str, timeout: float = 120.0) -> None:
-    """Wait until the worker's background work for what was written is done: every chunk has its
-    vector, no memory waits for its PII scan, no chunk indexing is pending. Then nothing changes
-    rows until the next request (the deployment samples no savings: SAVINGS_SAMPLE_RATE 0)."""
-    conn = await asyncpg.connect(admin_url)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            pending = await conn.fetchval(
-                "SELECT (SELECT count(*) FROM chunks WHERE embedding IS NULL)"
-                "     + (SELECT count(*) FROM memory_versions WHERE pii_status = 'pending')"
-                "     + (SELECT count(*) FROM indexing_requests)"
-                "     + (SELECT count(*) FROM vector_assignments)")
-            if pending == 0:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{pending} background items still pending after {timeout:.0f}s")
-            await asyncio.sleep(0.1)
-    finally:
-        await conn.close()
