@@ -14,6 +14,7 @@ from context_engine.commands.session_access import visible_session
 from context_engine.errors import AlreadyExists
 from context_engine.events import SNAPSHOT_CREATED, Event, session_aggregate
 from context_engine.projections import queries
+from context_engine.visibility import Visibility
 from context_engine.projections.database import org_transaction
 
 
@@ -31,7 +32,7 @@ class SnapshotCreated:
 
 
 def _taken(session_id: str, name: str) -> AlreadyExists:
-    return AlreadyExists(f"session {session_id!r} already has a snapshot named {name!r}",
+    return AlreadyExists(f"session {session_id!r} already has a snapshot named {name!r} by this scope",
                          reason="SNAPSHOT_NAME_TAKEN", metadata={"field": "snapshot_name"})
 
 
@@ -42,8 +43,10 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
 
+    own = Visibility.of(principal.scope)  # the name is taken only by this scope's own snapshot
     async with visible_session(deps, principal, command.session_id) as (conn, _):
-        if await queries.snapshot_by_name(conn, org, command.session_id, command.snapshot_name):
+        found = await queries.snapshot_by_name(conn, org, command.session_id, command.snapshot_name, own)
+        if found is not None and found.scope_path == principal.scope.path:
             raise _taken(command.session_id, command.snapshot_name)
 
     snapshot_id = str(uuid.uuid4())
@@ -53,7 +56,7 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
                            "name": command.snapshot_name})
     await deps.append(event, session_key)
     async with org_transaction(deps.pool, org) as conn:
-        snapshot = await queries.snapshot_by_name(conn, org, command.session_id, command.snapshot_name)
-    if snapshot is None or str(snapshot["snapshot_id"]) != snapshot_id:  # a concurrent create won
+        snapshot = await queries.snapshot_by_id(conn, org, snapshot_id)
+    if snapshot is None:  # a concurrent create of this name by this scope won
         raise _taken(command.session_id, command.snapshot_name)
     return SnapshotCreated(snapshot_id, snapshot["version"], snapshot["created_at"])

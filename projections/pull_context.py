@@ -73,9 +73,8 @@ async def _pull(pool, freshness: SessionFreshness, principal: Principal, query: 
     visible = Visibility.of(principal.scope)
     async with org_transaction(pool, org, readonly=True) as conn:
         if query.snapshot_name:
-            snapshot = await queries.snapshot_by_name(conn, org, query.session_id, query.snapshot_name)
-            memory = snapshot and await queries.snapshot_memory(
-                conn, org, query.session_id, query.snapshot_name, agent_id, visible)
+            snapshot = await queries.snapshot_by_name(conn, org, query.session_id, query.snapshot_name, visible)
+            memory = snapshot and await queries.snapshot_memory(conn, org, snapshot, agent_id, visible)
             if memory is None:
                 raise NotFound(f"no snapshot {query.snapshot_name!r} holding memory of agent "
                                f"{agent_id!r} in session {query.session_id!r}",

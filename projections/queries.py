@@ -122,6 +122,7 @@ class Snapshot(_Row):
     event_id: str
     created_at: dt.datetime
     created_by: str
+    scope_path: str  # the creator's scope: names are per creator
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,7 @@ def _memory(r: asyncpg.Record) -> MemoryVersion:
 
 def _snapshot(r: asyncpg.Record) -> Snapshot:
     return Snapshot(str(r["snapshot_id"]), r["org_id"], r["session_id"], r["name"], r["version"], r["seq"],
-                    _json(r["state"]), str(r["event_id"]), r["created_at"], r["created_by"])
+                    _json(r["state"]), str(r["event_id"]), r["created_at"], r["created_by"], r["scope_path"])
 
 
 async def get_session(conn: asyncpg.Connection, org_id: str, session_id: str) -> Session | None:
@@ -255,27 +256,31 @@ async def latest_memory(conn: asyncpg.Connection, org_id: str, agent_id: str, se
     return _memory(r) if r else None
 
 
-async def snapshot_memory(conn: asyncpg.Connection, org_id: str, session_id: str, snapshot_name: str,
-                          agent_id: str, visible: Visibility, *,
-                          memory_type: str | None = None) -> MemoryVersion | None:
+async def snapshot_memory(conn: asyncpg.Connection, org_id: str, snapshot: Snapshot, agent_id: str,
+                          visible: Visibility, *, memory_type: str | None = None) -> MemoryVersion | None:
     """PullContext with snapshot_name: the newest memory of `agent_id` in the snapshot's state
     (whatever happened to the session since; `active` reports the row's present flag)."""
     r = await conn.fetchrow(
         "SELECT m.* FROM snapshots s "
         "CROSS JOIN LATERAL jsonb_to_recordset(s.state -> 'items') AS i(event_id uuid, kind text, seq bigint) "
         "JOIN memory_versions m ON m.org_id = s.org_id AND m.event_id = i.event_id "
-        "WHERE s.org_id = $1 AND s.session_id = $2 AND s.name = $3 AND i.kind = 'memory' "
-        "AND m.agent_id = $4 AND m.scope_path = ANY($5::text[]) "
-        "AND ($6::text IS NULL OR m.memory_type = $6) "
+        "WHERE s.org_id = $1 AND s.snapshot_id = $2 AND i.kind = 'memory' "
+        "AND m.agent_id = $3 AND m.scope_path = ANY($4::text[]) "
+        "AND ($5::text IS NULL OR m.memory_type = $5) "
         "ORDER BY i.seq DESC LIMIT 1",
-        org_id, session_id, snapshot_name, agent_id, visible.sql_paths, memory_type)
+        org_id, uuid.UUID(snapshot.snapshot_id), agent_id, visible.sql_paths, memory_type)
     return _memory(r) if r else None
 
 
-async def snapshot_by_name(conn: asyncpg.Connection, org_id: str, session_id: str,
-                           name: str) -> Snapshot | None:
-    r = await conn.fetchrow("SELECT * FROM snapshots WHERE org_id = $1 AND session_id = $2 AND name = $3",
-                            org_id, session_id, name)
+async def snapshot_by_name(conn: asyncpg.Connection, org_id: str, session_id: str, name: str,
+                           visible: Visibility) -> Snapshot | None:
+    """The snapshot named `name` in the session by the nearest scope the caller sees: its own
+    first, then its parent's, up to the org's. Names are per creator scope, so a scope below
+    (or beside) the caller never decides which state the caller's name means."""
+    r = await conn.fetchrow(
+        "SELECT * FROM snapshots WHERE org_id = $1 AND session_id = $2 AND name = $3 "
+        "AND scope_path = ANY($4::text[]) ORDER BY length(scope_path) DESC LIMIT 1",
+        org_id, session_id, name, visible.sql_paths)
     return _snapshot(r) if r else None
 
 

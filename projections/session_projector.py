@@ -48,9 +48,10 @@ Payloads (built by the command handlers; every hash is lowercase hex SHA-256):
   -> memory_versions row, and a chain item (kind 'memory') when session_id is set.
 - `session.snapshot_created` (schema 1):
     session_id: str, snapshot_id: str (uuid, chosen by the handler), name: str
-  -> snapshots row with the session's current version and materialised state, unless the name
-     is taken in that session (then nothing: outcome SNAPSHOT_NAME_TAKEN; the handler reads
-     `queries.snapshot_by_name` and answers ALREADY_EXISTS unless its snapshot_id won).
+  -> snapshots row with the session's current version and materialised state, unless the
+     event's scope has taken the name in that session already (names are per creator scope;
+     then nothing: outcome SNAPSHOT_NAME_TAKEN; the handler answers ALREADY_EXISTS unless its
+     snapshot_id won).
      A session without items snapshots its genesis state.
 - `session.rolled_back` (schema 1):
     session_id: str, target_version: str
@@ -824,11 +825,11 @@ class _OrgApplier:
         state = {"version": version, "seq": seq, "items": items}
         won = await self.conn.fetchval(
             "INSERT INTO snapshots (snapshot_id, org_id, session_id, name, version, seq, state, "
-            "                       event_id, created_at, created_by) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10) "
-            "ON CONFLICT (org_id, session_id, name) DO NOTHING RETURNING snapshot_id",
+            "                       event_id, created_at, created_by, scope_path) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10, $11) "
+            "ON CONFLICT (org_id, session_id, scope_path, name) DO NOTHING RETURNING snapshot_id",
             snapshot_id, self.org_id, sid, name, version, seq, _json_text(state), ev.event_id,
-            ev.occurred, ev.actor)
+            ev.occurred, ev.actor, ev.scope.path)
         if won is None:
             return _applied(rec, ev, SNAPSHOT_NAME_TAKEN, sid)
         return _applied(rec, ev, APPLIED, sid, seq, version)

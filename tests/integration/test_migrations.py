@@ -187,7 +187,8 @@ async def test_app_role_cannot_write_another_orgs_rows(fresh_db: str) -> None:
         await admin.execute(f'GRANT INSERT, UPDATE ON snapshots TO "{API_GROUP_ROLE}"')
         row = ("s1", "x", "0" * 64, 0, "{}", str(uuid.uuid4()), "user")
         insert = ("INSERT INTO snapshots (snapshot_id, org_id, session_id, name, version, seq, state, "
-                  "event_id, created_at, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, now(), $9)")
+                  "event_id, created_at, created_by, scope_path) "
+                  "VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, now(), $9, $2)")
         with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
             async with org_transaction(pool, "org-a") as conn:
                 await conn.execute(insert, uuid.uuid4(), "org-b", *row)
@@ -264,3 +265,34 @@ async def test_an_org_transaction_opens_in_one_script_and_ends_on_failure(fresh_
     finally:
         loop.set_exception_handler(previous)
         await pool.close()
+
+
+async def test_snapshot_names_become_their_creators_with_the_archived_scope(fresh_db: str, tmp_path: Path) -> None:
+    """0019 gives snapshots made before it the scope of the event that made them."""
+    before = tmp_path / "before"
+    before.mkdir()
+    for m in load_migrations():
+        if m.version < "0019":
+            shutil.copy(MIGRATIONS_DIR / m.name, before / m.name)
+    await migrate(fresh_db, app_password=APP_PASSWORD, directory=before)
+    team = Scope("org-a", "sales", "emea")
+    event = Event(SNAPSHOT_CREATED, team, session_aggregate("org-a", "s"), "lead",
+                  {"session_id": "s", "snapshot_id": str(uuid.uuid4()), "name": "n"})
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await conn.execute(
+            "INSERT INTO event_archive (event_id, org_id, topic, partition, \"offset\", aggregate, type, "
+            "schema_version, occurred_at, actor, content_hash, raw) "
+            "VALUES ($1, 'org-a', 't', 0, 0, $2, $3, 1, now(), 'lead', $4, $5)",
+            uuid.UUID(event.event_id), event.aggregate, event.type, event.content_hash, event.to_bytes())
+        await conn.execute(
+            "INSERT INTO snapshots (snapshot_id, org_id, session_id, name, version, seq, state, event_id, "
+            "created_at, created_by) VALUES ($1, 'org-a', 's', 'n', $2, 0, '{}', $3, now(), 'lead'), "
+            "($4, 'org-a', 's', 'orphan', $2, 0, '{}', $5, now(), 'lead')",
+            uuid.UUID(event.payload["snapshot_id"]), "0" * 64, uuid.UUID(event.event_id), uuid.uuid4(), uuid.uuid4())
+        assert await migrate(fresh_db, app_password=APP_PASSWORD) == [m.version for m in load_migrations()
+                                                                       if m.version >= "0019"]
+        assert dict(await conn.fetch("SELECT name, scope_path FROM snapshots ORDER BY name")) == \
+            {"n": "org-a/sales/emea", "orphan": "org-a"}
+    finally:
+        await conn.close()

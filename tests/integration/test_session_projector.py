@@ -537,7 +537,7 @@ async def test_snapshot_name_collision_keeps_the_first(conn: asyncpg.Connection)
     results = await apply_batch(conn, log.append(first, e3, second, snapshot(org, "other", "before-deploy")))
     assert [r.outcome for r in results] == [APPLIED, APPLIED, SNAPSHOT_NAME_TAKEN, APPLIED]
 
-    snap = await in_org(conn, org, queries.snapshot_by_name, "s", "before-deploy")
+    snap = await in_org(conn, org, queries.snapshot_by_name, "s", "before-deploy", Visibility.of(scope(org)))
     assert snap.snapshot_id == first.payload["snapshot_id"] and snap.version == v[2] and results[0].version == v[2]
     assert snap.state == {"version": v[2], "seq": 2, "items": [
         {"seq": 1, "event_id": e1.event_id, "kind": "event", "content_hash": e1.content_hash, "version": v[1]},
@@ -546,16 +546,16 @@ async def test_snapshot_name_collision_keeps_the_first(conn: asyncpg.Connection)
     assert await in_org(conn, org, queries.snapshot_by_id, second.payload["snapshot_id"]) is None
     assert (await in_org(conn, org, queries.snapshot_by_id, first.payload["snapshot_id"])) == snap
     # A session without items snapshots its genesis state.
-    empty = await in_org(conn, org, queries.snapshot_by_name, "other", "before-deploy")
+    empty = await in_org(conn, org, queries.snapshot_by_name, "other", "before-deploy", Visibility.of(scope(org)))
     assert (empty.version, empty.state["items"]) == (genesis_version(key(org, "other")), [])
 
     # The snapshot's memory survives a later rollback and a newer push.
     visible = Visibility.of(scope(org))
     await apply_batch(conn, log.append(rollback(org, "s", v[0]), push(org, "s", "memory later")))
     assert (await in_org(conn, org, queries.latest_memory, "bot-1", "s", visible)).content == b"memory later"
-    old = await in_org(conn, org, queries.snapshot_memory, "s", "before-deploy", "bot-1", visible)
+    old = await in_org(conn, org, queries.snapshot_memory, snap, "bot-1", visible)
     assert old.content == b"memory two" and not old.active
-    assert await in_org(conn, org, queries.snapshot_memory, "s", "no-such", "bot-1", visible) is None
+    assert await in_org(conn, org, queries.snapshot_by_name, "s", "no-such", visible) is None
 
 
 async def test_memory_outside_a_session_has_no_chain(conn: asyncpg.Connection) -> None:
@@ -650,7 +650,7 @@ async def test_only_the_owner_scope_and_below_change_a_session(conn: asyncpg.Con
     assert session.scope_path == team.path and session.item_count == 2
     assert session.version == chain(key(org, "s"), [owner_first.content_hash, below.content_hash])[-1]
     assert await in_org(conn, org, queries.memory_by_event_id, sibling_push.event_id) is None
-    assert await in_org(conn, org, queries.snapshot_by_name, "s", "n") is None
+    assert await in_org(conn, org, queries.snapshot_by_name, "s", "n", Visibility.of(scope(org))) is None
     assert (await counts(conn, org))["event_archive"] == 7  # every event is archived regardless
 
 

@@ -1,5 +1,7 @@
-"""An idempotency-key is one writer's: a sibling sending the same key into a session both write to
-writes its own event, learns nothing of the other's, and each one's retry returns its own."""
+"""Names a client picks are its own scope's: an idempotency-key (a sibling sending the same key
+into a session both write to writes its own event, learns nothing of the other's, and each one's
+retry returns its own) and a snapshot name (a scope below cannot take the name its parent means,
+and so decide which state the parent's PullContext reads)."""
 
 from __future__ import annotations
 
@@ -56,3 +58,22 @@ async def test_a_server_key_naming_a_siblings_event_is_refused(quiet_engine) -> 
         await apac("IngestEvent", request, ("idempotency-key", f"ce-event:{mine.event_id}"))
     assert (err.value.code(), error_info(err.value).reason) == \
         (grpc.StatusCode.FAILED_PRECONDITION, "IDEMPOTENCY_KEY_REUSED")
+
+
+async def test_a_snapshot_name_taken_below_is_not_the_parents(quiet_engine) -> None:
+    org = unique("names")
+    team, agent = quiet_engine.caller(org, "sales", "emea"), quiet_engine.caller(org, "sales", "emea", "bot-1")
+    await team("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message", content=b"opened"))
+    await team("PushContext", pb.PushContextRequest(session_id="s", memory_type="working", content=b"team v1"))
+    taken_below = await agent("CreateSnapshot", pb.CreateSnapshotRequest(session_id="s", snapshot_name="release-1"))
+    await team("PushContext", pb.PushContextRequest(session_id="s", memory_type="working", content=b"team v2"))
+    mine = await team("CreateSnapshot", pb.CreateSnapshotRequest(session_id="s", snapshot_name="release-1"))
+    assert mine.snapshot_id != taken_below.snapshot_id and mine.version_hash != taken_below.version_hash
+    # The team's name means the team's snapshot (the nearest scope's), not the one taken below.
+    assert (await team("PullContext", pb.PullContextRequest(session_id="s", snapshot_name="release-1"))).content \
+        == b"team v2"
+    for caller in (team, agent):  # each scope's name is taken once, by itself
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await caller("CreateSnapshot", pb.CreateSnapshotRequest(session_id="s", snapshot_name="release-1"))
+        assert (err.value.code(), error_info(err.value).reason) == \
+            (grpc.StatusCode.ALREADY_EXISTS, "SNAPSHOT_NAME_TAKEN")
