@@ -41,6 +41,9 @@ from context_engine.streams.kafka_security import client_security
 from context_engine.streams.topics import LogTopics, ensure_topics
 
 DATABASE_NAME = "context_engine"
+# The detector reaches neither PostgreSQL nor the broker: it is not given their credentials.
+DETECTOR_WITHHELD = tuple(f"{ENV_PREFIX}{name}" for name in (
+    "DATABASE_URL", "API_DATABASE_URL", "KAFKA_SASL_PASSWORD", "KAFKA_BOOTSTRAP"))
 READY_TIMEOUT_S = 60.0
 BROKER_RESTARTS_PER_MINUTE = 10
 # A child's restarts: at most this many in any minute, the n-th of them after
@@ -67,11 +70,13 @@ class Child:
     proc: subprocess.Popen | None = field(default=None, repr=False)
     restarts: list[float] = field(default_factory=list)  # monotonic times of restarts in the last minute
     restart_at: float | None = None  # when a dead child is due to start again
+    withheld: tuple[str, ...] = ()  # environment variables (credentials) this child does not need
 
     def start(self, env: dict[str, str]) -> None:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "context_engine.cli", *self.args], env=env,
+            [sys.executable, "-m", "context_engine.cli", *self.args],
+            env={k: v for k, v in env.items() if k not in self.withheld},
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=child_preexec(own_process_group=True))
         log.close()
@@ -112,6 +117,9 @@ class Stack:
     # -- start ---------------------------------------------------------------------------
     def start(self) -> dict[str, str]:
         self.logs.mkdir(parents=True, exist_ok=True)
+        keys = self.home / "keys"  # earlier releases made it 0755; closed to the engine's user here
+        keys.mkdir(mode=0o700, parents=True, exist_ok=True)
+        keys.chmod(0o700)
         ensure_dev_key(self.settings.hs256_key_path)
         # Before any child starts: the home's guardrail operator key, the one layers are trusted
         # from by default, and the detector's service token, which the detector requires and its
@@ -168,7 +176,7 @@ class Stack:
             Child("worker", ["worker"], self.logs / "worker.log"),
             *(Child("api" if apis == 1 else f"api-{i}", ["serve", "api", "--process-index", str(i)],
                     self.logs / ("api.log" if apis == 1 else f"api-{i}.log")) for i in range(apis)),
-            Child("detector", ["serve", "detector"], self.logs / "detector.log"),
+            Child("detector", ["serve", "detector"], self.logs / "detector.log", withheld=DETECTOR_WITHHELD),
         ]
         for child in self.children:
             child.start(env)

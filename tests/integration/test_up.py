@@ -29,7 +29,7 @@ from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
-from context_engine.supervisor import CHILD_RESTARTS_PER_MINUTE
+from context_engine.supervisor import CHILD_RESTARTS_PER_MINUTE, DETECTOR_WITHHELD
 
 pytestmark = pytest.mark.integration
 
@@ -308,6 +308,8 @@ async def run_sql(url: str, sql: str):
 
 def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
     home = service_tmp_path / "home"
+    (home / "keys").mkdir(parents=True)
+    (home / "keys").chmod(0o755)  # as releases before #19 left it: `up` closes it
 
     # First run, with two API processes on one port: everything comes up, answers, says where its
     # time went on /metrics, and SIGTERM leaves no process behind.
@@ -325,8 +327,12 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         # 0600 in keys/; the detector refuses a call without the token (docs/security.md).
         token_file, guardrail_key = home / "keys" / "detector-service.token", home / "keys" / "guardrail-ed25519.pem"
         assert token_file.stat().st_mode & 0o777 == 0o600 and guardrail_key.stat().st_mode & 0o777 == 0o600
+        assert (home / "keys").stat().st_mode & 0o777 == 0o700
         assert detect_pii(up.detector_port) == grpc.StatusCode.UNAUTHENTICATED
         assert detect_pii(up.detector_port, token_file.read_text().strip()) == grpc.StatusCode.UNAVAILABLE  # no weights
+        # ... and is given no credential of PostgreSQL or the broker (supervisor.DETECTOR_WITHHELD).
+        environ = pathlib.Path(f"/proc/{child_pid(up, 'serve', 'detector')}/environ").read_bytes().split(b"\0")
+        assert [v for v in environ if v.split(b"=")[0].decode() in DETECTOR_WITHHELD] == []
 
         # SERVING means the worker projects: writes sent at once are all acknowledged, none is
         # told to retry while the worker is still joining its consumer group.
