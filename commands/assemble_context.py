@@ -185,12 +185,13 @@ async def _read_session(deps: Deps, org: str, scope, visible: Visibility, cmd: A
     active tokens (all, and those the caller sees) and whether a compaction request is open: one read-only
     transaction. Every item read is one the caller sees (`visible`): a sibling's turn in a shared
     session is neither history nor a must_include target."""
+    trusted = trusted_fingerprints(deps.settings)  # UNAVAILABLE rather than a prompt without its layers
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         session = await queries.get_session(conn, org, cmd.session_id)
         if session is not None:
             require_readable(session, scope, cmd.session_id)
         layers = [Block("layer", r.content, key=f"L{r.level}")
-                  for r in await current_layers(conn, scope, trusted=trusted_fingerprints(deps.settings))]
+                  for r in await current_layers(conn, scope, trusted=trusted)]
         pinned = await _pinned(conn, org, visible, pinned_ids)
         required = [await _required(conn, org, scope.agent_id, cmd.session_id, visible, key, deps)
                     for key in required_keys]

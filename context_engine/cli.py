@@ -453,7 +453,7 @@ def guardrail_publish(
     from context_engine.commands import publish_guardrail as pg
     from context_engine.errors import InvalidArgument
     from context_engine.guardrails.signing import ensure_signing_key, layer_scope, load_signing_key, operator_key_path
-    from context_engine.guardrails.trust import trusted_fingerprints
+    from context_engine.guardrails.trust import GuardrailTrustUnavailable, trusted_fingerprints
     from context_engine.streams.kafka_security import client_security
     from context_engine.streams.record_auth import signer_from_settings
     from context_engine.streams.topics import LogTopics
@@ -469,7 +469,9 @@ def guardrail_publish(
         key = (load_signing_key(key_file) if key_file is not None
                else ensure_signing_key(operator_key_path(settings.home_dir)))
         pg.require_trusted(key, trusted_fingerprints(settings))  # the worker would refuse it: say so now
-    except ValueError as exc:
+    except GuardrailTrustUnavailable as exc:  # an OSError too: before the next clause
+        raise typer.BadParameter(_trust_problem(exc)) from exc
+    except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     except InvalidArgument as exc:
         raise typer.BadParameter(exc.message) from exc
@@ -503,7 +505,7 @@ def guardrail_list(
     """Print the current layers a caller at this scope gets, L1 first."""
     from context_engine.commands import publish_guardrail as pg
     from context_engine.errors import InvalidArgument
-    from context_engine.guardrails.trust import trusted_fingerprints
+    from context_engine.guardrails.trust import GuardrailTrustUnavailable, trusted_fingerprints
     from context_engine.scope import Scope
 
     try:
@@ -511,10 +513,15 @@ def guardrail_list(
     except InvalidArgument as exc:
         raise typer.BadParameter(exc.message) from exc
     settings = _stack_settings(data_dir)
+    try:
+        trusted = trusted_fingerprints(settings)
+    except GuardrailTrustUnavailable as exc:
+        typer.echo(f"error: {_trust_problem(exc)}", err=True)
+        raise typer.Exit(1) from exc
 
     async def go():
         async with admin_pool(settings) as pool:
-            return await pg.list_layers(pool, caller, trusted=trusted_fingerprints(settings))
+            return await pg.list_layers(pool, caller, trusted=trusted)
 
     rows = asyncio.run(go())
     for row in rows:
@@ -525,20 +532,38 @@ def guardrail_list(
 
 @guardrail_app.command("key")
 def guardrail_key(key_file: GuardrailKeyFile = None, data_dir: DataDir = None) -> None:
-    """Print the operator key's path and fingerprint (generating the default key if missing), and
+    """Print the operator key's path and fingerprint (generating the default key if missing, and
+    writing its public half beside it, which the API and the worker trust by default), and
     whether this configuration's trust set (CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS) takes it."""
-    from context_engine.guardrails.signing import ensure_signing_key, fingerprint, load_signing_key, operator_key_path
-    from context_engine.guardrails.trust import trusted_fingerprints
+    from context_engine.guardrails.signing import (
+        ensure_signing_key,
+        fingerprint,
+        load_signing_key,
+        operator_key_path,
+        public_key_path,
+    )
+    from context_engine.guardrails.trust import GuardrailTrustUnavailable, trusted_fingerprints
 
     settings = _settings(home=data_dir)
     path = key_file if key_file is not None else operator_key_path(settings.home_dir)
     try:
         key = load_signing_key(path) if key_file is not None else ensure_signing_key(path)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    trusted = trusted_fingerprints(settings)
-    typer.echo(f"{path}\nfingerprint {fingerprint(key)}\ntrusted {'yes' if fingerprint(key) in trusted else 'no'}"
+    typer.echo(f"{path}\nfingerprint {fingerprint(key)}"
+               + (f"\npublic key {public_key_path(path)}" if key_file is None else ""))
+    try:
+        trusted = trusted_fingerprints(settings)
+    except GuardrailTrustUnavailable as exc:
+        typer.echo(f"error: {_trust_problem(exc)}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"trusted {'yes' if fingerprint(key) in trusted else 'no'}"
                + "".join(f"\ntrusted key {fp}" for fp in sorted(trusted)))
+
+
+def _trust_problem(exc) -> str:
+    """A GuardrailTrustUnavailable for the operator: with the files and what is wrong with them."""
+    return "; ".join([exc.message, *exc.problems])
 
 
 keys_app = typer.Typer(no_args_is_help=True,

@@ -121,9 +121,11 @@ class Stack:
         keys.mkdir(mode=0o700, parents=True, exist_ok=True)
         keys.chmod(0o700)
         ensure_dev_key(self.settings.hs256_key_path)
-        # Before any child starts: the home's guardrail operator key, the one layers are trusted
-        # from by default, and the detector's service token, which the detector requires and its
-        # clients send (both read it from the home; it is never printed).
+        # Before any child starts: the home's guardrail operator key with its public half
+        # (keys/guardrail-ed25519.pub, written beside it), which is what layers are trusted from
+        # by default (the API and the worker read only the .pub, never the private key), and the
+        # detector's service token, which the detector requires and its clients send (both read
+        # it from the home; it is never printed).
         ensure_signing_key(operator_key_path(self.home))
         try:
             detector_service_token(self.settings)

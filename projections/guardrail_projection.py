@@ -23,7 +23,8 @@ Outcomes (the session projector reports them like its own):
 - REJECTED_BAD_SIGNATURE: the content does not hash to the signed content_sha256, the fingerprint
   is not the key's, or the Ed25519 signature does not verify.
 - REJECTED_UNTRUSTED_KEY: the key is not in the trust set (context_engine/guardrails/trust.py;
-  by default only the home's operator key).
+  by default only the home's operator key, read from its public half). A trust set that cannot
+  be read refuses nothing: the batch waits and is tried again (GuardrailTrustUnavailable).
 - REJECTED_STALE: signed_at_ms is not later than the current version's; an old signed layer
   re-appended (a replay meant to roll a layer back) is refused this way.
 
@@ -118,12 +119,17 @@ async def refuse_layers(conn: asyncpg.Connection, org_id: str, events: Sequence[
     archive makes it a DUPLICATE), nor a repeat of one accepted earlier in `events`; a layer is
     stale against the current version or against one accepted earlier in `events`.
 
-    `trusted`: the trust set; None = this process's configured one. `report`: log and count each
-    refusal (off for verify, which only asks)."""
+    `trusted`: the trust set; None = this process's configured one, looked at again before a key
+    it does not hold is refused for good (a key file made a moment ago counts). Without any
+    (its files never read), GuardrailTrustUnavailable, an OSError: the batch is tried again.
+    `report`: log and count each refusal (off for verify, which only asks)."""
     layers = [e for e in events if e.type == GUARDRAIL_PUBLISHED]
     if not layers:
         return {}
-    trusted = configured_trusted_fingerprints() if trusted is None else trusted
+    if trusted is None:
+        trusted = configured_trusted_fingerprints()
+        if any(_claimed_fingerprint(e) not in trusted for e in layers):
+            trusted = configured_trusted_fingerprints(recheck=True)  # a stat per such layer
     applied = {str(r["event_id"]) for r in await conn.fetch(
         _APPLIED_IDS, org_id, [uuid.UUID(e.event_id) for e in layers])}
     latest: dict[tuple[str, int], tuple[int, int] | None] = {}  # (scope, level) -> (version, signed_at)

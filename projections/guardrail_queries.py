@@ -9,10 +9,11 @@ exactly those owners, so another team's or agent's layer is never returned even 
 is per org, would let the org's connection read it.
 
 What callers get is checked against the trust set again at read (`trusted`, from
-`guardrails.trust.trusted_fingerprints(settings)`): a version signed by a key that is no longer
-trusted is never served, and a (scope, level)'s current layer is its highest version signed by a
-key trusted now. So a key taken out of the trust set takes its layers out of every prompt from the
-next call on, without a rebuild.
+`guardrails.trust.trusted_fingerprints(settings)`, taken before the transaction: it raises
+GuardrailTrustUnavailable, UNAVAILABLE, when there is none): a version signed by a key that is no
+longer trusted is never served, and a (scope, level)'s current layer is its highest version signed
+by a key trusted now. So a key taken out of the trust set takes its layers out of every prompt
+within a second (the key files' next look), without a rebuild.
 """
 
 from __future__ import annotations

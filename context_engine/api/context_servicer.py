@@ -23,7 +23,7 @@ from context_engine.commands.rollback_context import RollbackContext, rollback_c
 from context_engine.errors import InvalidArgument, Unimplemented
 from context_engine.commands.embed_texts import EmbedTexts, embed_texts
 from context_engine.projections.database import org_transaction
-from context_engine.guardrails.trust import trusted_fingerprints
+from context_engine.guardrails.trust import load_trust, trusted_fingerprints
 from context_engine.projections.guardrail_queries import current_layers, layers_by_hash
 from context_engine.projections.prompt_validation import validate_prompt
 from context_engine.projections.pull_context import PullContext, pull_context
@@ -54,6 +54,7 @@ def timestamp(moment: dt.datetime) -> Timestamp:
 class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
+        load_trust(deps.settings)  # at start, not in a call: the first read of the key files
 
     async def AssembleContext(self, request: pb.AssembleContextRequest, context) -> pb.AssembleContextResponse:
         a = await assemble_context(self.deps, current_principal(), AssembleContext(
@@ -134,8 +135,9 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
     async def ResolveGuardrailLayers(self, request: pb.ResolveGuardrailLayersRequest,
                                      context) -> pb.ResolveGuardrailLayersResponse:
         scope = current_principal().scope
+        trusted = trusted_fingerprints(self.deps.settings)  # before a connection is taken
         async with org_transaction(self.deps.pool, scope.org_id, readonly=True) as conn:
-            layers = await current_layers(conn, scope, trusted=trusted_fingerprints(self.deps.settings))
+            layers = await current_layers(conn, scope, trusted=trusted)
         return pb.ResolveGuardrailLayersResponse(layers=[
             pb.GuardrailLayer(layer_level=r.level, content_hash=r.content_hash, version=r.version,
                               effective_at=r.effective_at_ms) for r in layers])
@@ -147,8 +149,9 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
         if len(request.prompt.encode()) > self.deps.settings.max_content_bytes:
             raise InvalidArgument("prompt", f"is larger than {self.deps.settings.max_content_bytes} bytes")
         hashes = list(request.layer_hashes)
+        trusted = trusted_fingerprints(self.deps.settings)
         async with org_transaction(self.deps.pool, scope.org_id, readonly=True) as conn:
-            rows = await layers_by_hash(conn, scope, hashes, trusted=trusted_fingerprints(self.deps.settings))
+            rows = await layers_by_hash(conn, scope, hashes, trusted=trusted)
         v = validate_prompt(request.prompt, hashes, {h: r.content for h, r in rows.items()},
                             levels={h: r.level for h, r in rows.items()})
         return pb.ValidatePromptResponse(valid=v.valid, violation_code=v.violation_code or "",

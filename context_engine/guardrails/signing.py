@@ -52,6 +52,7 @@ PLATFORM_ORG = "_platform"
 LEVELS = (1, 2, 3, 4)
 LEVEL_NAMES = {1: "platform", 2: "org", 3: "team", 4: "agent"}
 KEY_FILE_NAME = "guardrail-ed25519.pem"
+PUBLIC_KEY_FILE_NAME = "guardrail-ed25519.pub"  # its public half, beside it: what is trusted by default
 SIGNATURE_DOMAIN = b"context-engine/guardrail-layer/v1\n"
 MAX_LAYER_BYTES = 64 * 1024  # a layer is pinned into every prompt; larger is a mistake
 SIGNATURE_BYTES = 64
@@ -117,11 +118,25 @@ def operator_key_path(home: pathlib.Path, configured: pathlib.Path | None = None
     return configured if configured is not None else home / "keys" / KEY_FILE_NAME
 
 
+def public_key_path(private_path: pathlib.Path) -> pathlib.Path:
+    """Where the public half of a private key file is written: beside it, `.pub` for `.pem`
+    (`<home>/keys/guardrail-ed25519.pub` for the operator key)."""
+    return private_path.with_suffix(".pub")
+
+
 def load_signing_key(path: pathlib.Path) -> Ed25519PrivateKey:
     """An unencrypted PKCS#8 PEM holding an Ed25519 private key."""
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except (OSError, ValueError, TypeError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the guardrail signing key {path}: {exc}") from exc
+    return _private_key(path, data)
+
+
+def _private_key(path: pathlib.Path, data: bytes) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
         raise ValueError(f"cannot read the guardrail signing key {path}: {exc}") from exc
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"the guardrail signing key {path} is not an Ed25519 key")
@@ -131,7 +146,9 @@ def load_signing_key(path: pathlib.Path) -> Ed25519PrivateKey:
 def ensure_signing_key(path: pathlib.Path) -> Ed25519PrivateKey:
     """Load the operator key, generating it on first use: mode 0600, in a directory made 0700,
     linked into place whole, so that of two processes making it at once (`up` and a command) the
-    first one's file wins and both use it."""
+    first one's file wins and both use it. Its public half is (re)written beside it
+    (`public_key_path`) whenever that file is missing or holds another key: the verifiers (the
+    API, the worker) read only that file, never the private key."""
     if not path.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         pem = Ed25519PrivateKey.generate().private_bytes(
@@ -144,7 +161,54 @@ def ensure_signing_key(path: pathlib.Path) -> Ed25519PrivateKey:
                 os.link(tmp, path)
         finally:
             os.unlink(tmp)
-    return load_signing_key(path)
+    key = load_signing_key(path)
+    write_public_key(path, key)
+    return key
+
+
+def public_key_pem(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
+    """The public key as PEM SubjectPublicKeyInfo (`-----BEGIN PUBLIC KEY-----`)."""
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def write_public_key(private_path: pathlib.Path, key: Ed25519PrivateKey) -> pathlib.Path:
+    """Write `key`'s public half to `public_key_path(private_path)` (mode 0644) unless that file
+    already holds exactly it. Atomic (written beside, renamed into place): a verifier following
+    the file sees the old key or the new, never a part. OSError."""
+    target = public_key_path(private_path)
+    pem = public_key_pem(key)
+    with contextlib.suppress(FileNotFoundError):
+        if target.read_bytes() == pem:
+            return target
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def derive_public_key(private_path: pathlib.Path) -> bool:
+    """For a home made before public key files: write the public half of the private key at
+    `private_path` beside it when it is missing. False when there is no private key either (then
+    nothing is written). The one time a verifier reads the private key, at its start; the key is
+    not kept. OSError, ValueError (not an Ed25519 private key)."""
+    if public_key_path(private_path).exists():
+        return True
+    try:
+        data = private_path.read_bytes()
+    except FileNotFoundError:
+        return False
+    write_public_key(private_path, _private_key(private_path, data))
+    return True
 
 
 def raw_public_key(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:

@@ -9,6 +9,7 @@ import hashlib
 import pytest
 from upsquad.context.v1 import context_pb2 as pb
 
+from context_engine.guardrails.trust import trusted_fingerprints
 from tests.fixtures.engine import unique
 
 pytestmark = pytest.mark.integration
@@ -19,6 +20,9 @@ async def publish(engine, tmp_path, level: int, text: str, *scope_args: str) -> 
     path.write_text(text)
     code, out = await engine.cli("guardrail", "publish", "--level", str(level), "--file", str(path), *scope_args)
     assert code == 0, out
+    # The first publish makes the home's key. The API (in this process) sees a new key file at its
+    # next look, within a second; have it look now rather than wait for it.
+    trusted_fingerprints(engine.settings, recheck=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -327,6 +327,8 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         # 0600 in keys/; the detector refuses a call without the token (docs/security.md).
         token_file, guardrail_key = home / "keys" / "detector-service.token", home / "keys" / "guardrail-ed25519.pem"
         assert token_file.stat().st_mode & 0o777 == 0o600 and guardrail_key.stat().st_mode & 0o777 == 0o600
+        # ... and the key's public half beside it, the file the API and the worker trust by default.
+        assert (home / "keys" / "guardrail-ed25519.pub").read_bytes().startswith(b"-----BEGIN PUBLIC KEY-----")
         assert (home / "keys").stat().st_mode & 0o777 == 0o700
         assert detect_pii(up.detector_port) == grpc.StatusCode.UNAUTHENTICATED
         assert detect_pii(up.detector_port, token_file.read_text().strip()) == grpc.StatusCode.UNAVAILABLE  # no weights

@@ -19,6 +19,7 @@ never gets one from here. It samples no savings, so once settled only a request 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -327,8 +328,12 @@ async def test_layers_of_a_key_no_longer_trusted_leave_every_prompt(host: Host) 
 
     key_path = operator_key_path(host.engine.settings.home_dir)
     os.unlink(key_path)
-    ensure_signing_key(key_path)  # `guardrail key` makes a new one: the default trust set is it alone
-    hashes, prompt = await host.seen_by(Scope(victim))
+    ensure_signing_key(key_path)  # `guardrail key` makes a new one (and its .pub): the default trust set is it alone
+    # The API stats the .pub at most once a second, and re-reads it when it changed.
+    deadline = time.monotonic() + 5
+    while (seen := await host.seen_by(Scope(victim)))[0] and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    hashes, prompt = seen
     assert hashes == set() and "old key's" not in prompt
 
     new_l2 = await host.publish(2, layer_scope(2, victim), "[L2] new key's org rules\n")

@@ -16,7 +16,6 @@ from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_pri
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from context_engine.commands.publish_guardrail import PublishGuardrail, build_event, read_layer_file, require_trusted
-from context_engine.config import Settings
 from context_engine.errors import InvalidArgument
 from context_engine.events import GUARDRAIL_PUBLISHED, decode
 from context_engine.guardrails.signing import (
@@ -32,12 +31,13 @@ from context_engine.guardrails.signing import (
     load_signing_key,
     operator_key_path,
     owner_level,
+    public_key_path,
+    public_key_pem,
     raw_public_key,
     sign_layer,
     signed_message,
     verify_layer,
 )
-from context_engine.guardrails.trust import configured_trusted_fingerprints, public_key_fingerprint, trusted_fingerprints
 from context_engine.projections.guardrail_queries import GuardrailLayerRow
 from context_engine.projections.prompt_validation import (
     INJECTION_PATTERN,
@@ -94,7 +94,20 @@ def test_the_operator_key_is_generated_once_with_mode_0600(tmp_path: pathlib.Pat
     assert path == tmp_path / "keys" / "guardrail-ed25519.pem"
     key = ensure_signing_key(path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    # Its public half beside it, what the verifiers read: PEM SubjectPublicKeyInfo, 0644.
+    public = public_key_path(path)
+    assert public == tmp_path / "keys" / "guardrail-ed25519.pub" and stat.S_IMODE(os.stat(public).st_mode) == 0o644
+    assert public.read_bytes().startswith(b"-----BEGIN PUBLIC KEY-----")
+    assert raw_public_key(serialization.load_pem_public_key(public.read_bytes())) == raw_public_key(key)
+    before = os.stat(public)
     assert raw_public_key(ensure_signing_key(path)) == raw_public_key(key)  # not regenerated
+    assert os.stat(public).st_ino == before.st_ino  # nor its .pub rewritten
+    # A .pub that holds another key (the .pem was replaced) is replaced, atomically.
+    public.write_bytes(public_key_pem(Ed25519PrivateKey.generate()))
+    ensure_signing_key(path)
+    assert raw_public_key(serialization.load_pem_public_key(public.read_bytes())) == raw_public_key(key)
+    assert not [p.name for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary left
     assert operator_key_path(tmp_path, tmp_path / "mine.pem") == tmp_path / "mine.pem"
     ec = generate_private_key(SECP256R1()).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
@@ -105,61 +118,7 @@ def test_the_operator_key_is_generated_once_with_mode_0600(tmp_path: pathlib.Pat
         load_signing_key(tmp_path / "absent.pem")
 
 
-# -- the trust set ---------------------------------------------------------------------------
-
-
-def _pem(key: Ed25519PrivateKey, public: bool) -> bytes:
-    if public:
-        return key.public_key().public_bytes(serialization.Encoding.PEM,
-                                             serialization.PublicFormat.SubjectPublicKeyInfo)
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def test_by_default_only_the_homes_operator_key_is_trusted(tmp_path: pathlib.Path) -> None:
-    settings = Settings(home=tmp_path)
-    assert trusted_fingerprints(settings) == frozenset()  # no key yet: nothing is trusted
-    key = ensure_signing_key(operator_key_path(tmp_path))  # what `up` and `guardrail key` make
-    assert trusted_fingerprints(settings) == {fingerprint(key)}  # seen at the next use
-    os.unlink(operator_key_path(tmp_path))
-    other = ensure_signing_key(operator_key_path(tmp_path))  # a new home key replaces the old one
-    assert trusted_fingerprints(settings) == {fingerprint(other)}
-
-
-@pytest.mark.parametrize("entry", ["fingerprint", "FINGERPRINT", "public pem", "private pem"])
-def test_a_configured_entry_names_a_key(tmp_path: pathlib.Path, entry: str) -> None:
-    key, home_key = Ed25519PrivateKey.generate(), ensure_signing_key(operator_key_path(tmp_path))
-    if entry.lower() == "fingerprint":
-        value = fingerprint(key).upper() if entry.isupper() else fingerprint(key)
-    else:
-        (tmp_path / "k.pem").write_bytes(_pem(key, public=entry == "public pem"))
-        value = str(tmp_path / "k.pem")
-    # A configured list replaces the default: the home's key is no longer trusted.
-    assert trusted_fingerprints(Settings(home=tmp_path, guardrail_trusted_keys=[value])) == {fingerprint(key)}
-    assert fingerprint(home_key) not in trusted_fingerprints(Settings(home=tmp_path, guardrail_trusted_keys=[value]))
-
-
-@pytest.mark.parametrize("contents", [b"", b"not a key", b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",
-                                      "ec"], ids=["empty", "text", "broken pem", "an EC key"])
-def test_an_entry_that_gives_no_key_trusts_nothing(tmp_path: pathlib.Path, contents) -> None:
-    if contents == "ec":
-        contents = generate_private_key(SECP256R1()).private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    (tmp_path / "bad.pem").write_bytes(contents)
-    good = Ed25519PrivateKey.generate()
-    settings = Settings(home=tmp_path, guardrail_trusted_keys=[str(tmp_path / "bad.pem"), str(tmp_path / "absent.pem"),
-                                                              fingerprint(good)])
-    assert trusted_fingerprints(settings) == {fingerprint(good)}
-    with pytest.raises(ValueError):
-        public_key_fingerprint(tmp_path / "bad.pem")
-
-
-def test_the_configured_set_is_read_from_the_environment(tmp_path: pathlib.Path, monkeypatch) -> None:
-    key = Ed25519PrivateKey.generate()
-    monkeypatch.setenv("CONTEXT_ENGINE_HOME", str(tmp_path))
-    assert configured_trusted_fingerprints() == frozenset()
-    monkeypatch.setenv("CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS", f'["{fingerprint(key)}"]')
-    assert configured_trusted_fingerprints() == {fingerprint(key)}
+# -- the publish command's trust check (the trust set: tests/unit/test_guardrail_trust.py) -----
 
 
 def test_the_publish_command_refuses_an_untrusted_key_before_appending() -> None:
