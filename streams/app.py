@@ -139,7 +139,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     app.engine_settings = settings
     topics = LogTopics.from_settings(settings)
     keyring = Keyring.from_settings(settings)
-    signer, verifier = RecordSigner(keyring), RecordVerifier(keyring)
+    signer, verifier = RecordSigner(keyring), RecordVerifier(keyring, topics.partitions)
     refused = RefusalLog(topics)
 
     def authentic(events: list) -> list:
@@ -149,7 +149,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
         kept = []
         for event in events:
             m = event.message
-            refusal = verifier.check(m.topic, m.key, m.value, m.headers)
+            refusal = verifier.check(m.topic, m.partition, m.key, m.value, m.headers)
             if refusal is None:
                 kept.append(event)
             else:

@@ -15,9 +15,16 @@ The canonical bytes bind the record to where it was written:
     big-endian; FF FF FF FF for no key) ‖ key ‖ value
 
 The topic names the stream's role (events, or one job stream) and the deployment (its prefix),
-so a record cannot be moved to another stream or another deployment's topics; the key decides
-the partition, so it cannot be re-keyed either. An authentic record produced again unchanged
-still verifies: every consumer is idempotent on event_id or message_id, so a copy changes nothing.
+so a record cannot be moved to another stream or another deployment's topics, nor re-keyed. The
+partition is not in the MAC: a producer learns it only when the broker answers. It is bound
+through the key instead: every trusted producer sends with a key and Kafka's default partitioner,
+murmur2(key) & 0x7fffffff % partitions (aiokafka's and Faust's), onto topics whose partition
+counts the settings fix (streams/topics.py: never changed once created), so the verifier refuses
+a record that is not on the partition its key maps to (`WRONG_PARTITION`), and one without a key,
+which maps to none. Without this a genuine record copied to another partition of its topic would
+verify, and could be applied ahead of its session's earlier events (one session, one partition,
+is what orders them). An authentic record produced again unchanged, to its own partition, still
+verifies: every consumer is idempotent on event_id or message_id, so a copy changes nothing.
 
 The keys live in a keyring file (JSON, mode 0600; `Settings.log_keyring_path`), made with one key
 on first use. A key signs from its `signing_from` on; the newest key whose time has come signs,
@@ -40,12 +47,16 @@ import pathlib
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import structlog
+from aiokafka.partitioner import murmur2
 
 from context_engine import keyfiles
+from context_engine.streams.topics import LogTopics
 
 log = structlog.get_logger("context_engine.record_auth")
 
@@ -67,9 +78,11 @@ UNKNOWN_KEY_RECHECK_S = 0.5
 # (the producers' request timeout is 5 s).
 RETIRE_SETTLE_S = SIGNER_RECHECK_S + 5.0
 
-# Why a record was refused (the worker's metric label).
+# Why a record was refused (the worker's metric label). WRONG_PARTITION: a genuine record (its MAC
+# verifies) on another partition than its key maps to, or without a key.
 MISSING, MALFORMED, UNKNOWN_KEY, BAD_MAC = "missing", "malformed", "unknown_key", "bad_mac"
-REASONS = (MISSING, MALFORMED, UNKNOWN_KEY, BAD_MAC)
+WRONG_PARTITION = "wrong_partition"
+REASONS = (MISSING, MALFORMED, UNKNOWN_KEY, BAD_MAC, WRONG_PARTITION)
 
 
 class KeyringError(RuntimeError):
@@ -279,20 +292,41 @@ class RecordSigner:
         return [self.header(topic, key, value)]
 
 
-class RecordVerifier:
-    """Checks the header of each record before its consumer uses it."""
+@lru_cache(maxsize=8192)  # murmur2 is pure Python (7 µs for a session key); keys repeat
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner (aiokafka's, and so Faust's) sends a record with
+    this key to, on a topic of `partitions` partitions."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
-    def __init__(self, keyring: Keyring) -> None:
+
+class RecordVerifier:
+    """Checks the header of each record before its consumer uses it, and that the record is on
+    the partition its key maps to. `partitions`: each topic's partition count (the settings',
+    `LogTopics.partitions`); a topic missing from it is learnt from the broker by `read_log`
+    (`expect_partitions`), and a record of a topic whose count is known neither way is refused."""
+
+    def __init__(self, keyring: Keyring, partitions: Mapping[str, int] | None = None) -> None:
         self.keyring = keyring
+        self._partitions = dict(partitions or {})
         self._unknown_checked_at = -math.inf
 
     def refresh(self) -> None:
         """Once per batch: a rotated or retired key counts from the next batch on."""
         self.keyring.refresh()
 
-    def check(self, topic: str, key: bytes | None, value: bytes | None, headers) -> Refusal | None:
-        """None when the record carries a valid authenticator for this topic, key and value;
-        else why not. One HMAC per record, compared in constant time."""
+    def expect_partitions(self, topic: str, count: int) -> None:
+        """`topic` has `count` partitions on the broker. Taken for a topic the verifier was not
+        given; for one it was given, another count is an error: the topic was repartitioned (or
+        the settings are not the deployment's), so keys no longer say where records belong."""
+        configured = self._partitions.setdefault(topic, count)
+        if configured != count:
+            raise ValueError(f"topic {topic!r} has {count} partitions on the broker, {configured} configured: "
+                             "its records cannot be checked against their keys' partitions")
+
+    def check(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers) -> Refusal | None:
+        """None when the record carries a valid authenticator for this topic, key and value and
+        is on the partition its key maps to; else why not. One HMAC per record, compared in
+        constant time; the partition only for a record whose HMAC verified."""
         token = None
         for name, header_value in headers or ():
             if name == HEADER:
@@ -320,6 +354,9 @@ class RecordVerifier:
                 return Refusal(UNKNOWN_KEY, key_id)
         if not hmac.compare_digest(_token(mac, parts[1], topic, key, value), parts[2]):
             return Refusal(BAD_MAC, key_id)
+        count = self._partitions.get(topic)
+        if key is None or count is None or partition != partition_for(key, count):
+            return Refusal(WRONG_PARTITION, key_id)  # a copy of a genuine record, elsewhere
         return None
 
 
@@ -328,4 +365,4 @@ def signer_from_settings(settings: Any) -> RecordSigner:
 
 
 def verifier_from_settings(settings: Any) -> RecordVerifier:
-    return RecordVerifier(Keyring.from_settings(settings))
+    return RecordVerifier(Keyring.from_settings(settings), LogTopics.from_settings(settings).partitions)

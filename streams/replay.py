@@ -104,6 +104,8 @@ async def read_log(bootstrap: str, topic: str, *, verifier: RecordVerifier, batc
         if topic not in await consumer.topics():  # all-topics Metadata: creates nothing
             raise RuntimeError(f"topic {topic!r} does not exist on {bootstrap}")
         partitions = consumer.partitions_for_topic(topic) or set()
+        if partitions:  # each record is checked against the partition its key maps to
+            verifier.expect_partitions(topic, len(partitions))
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
         for tp in tps:
@@ -127,7 +129,7 @@ async def read_log(bootstrap: str, topic: str, *, verifier: RecordVerifier, batc
                 for r in records:
                     if r.offset >= ends[tp]:
                         continue
-                    if (refusal := verifier.check(r.topic, r.key, r.value, r.headers)) is not None:
+                    if (refusal := verifier.check(r.topic, r.partition, r.key, r.value, r.headers)) is not None:
                         if on_refused:
                             on_refused(RefusedRecord(r.topic, r.partition, r.offset, *refusal))
                         continue

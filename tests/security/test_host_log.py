@@ -4,18 +4,19 @@
 Every record below is produced with a plain aiokafka producer, as any local process could: an
 event claiming another org's session without an authenticator, one signed with a key the engine
 does not hold, a genuine record's authenticator on altered bytes, genuine records moved to another
-stream or partition, and forged job records of every stream a worker agent consumes. Each must be
-refused by the worker (its refusal counter says when it has consumed the record, so no sleep),
-change no row of any table, leave nothing of its content in the worker's log, and hold up nothing:
-an ingest right after it is acknowledged and readable. The same records signed by the engine's key
-are applied (the controls), so the refusals are what stops them. Last, the key is rotated while
-the stack runs, then the old key retired.
+stream or key or copied to another partition of their topic, and forged job records of every
+stream a worker agent consumes. Each must be refused by the worker (its refusal counter says when
+it has consumed the record, so no sleep), change no row of any table, leave nothing of its content
+in the worker's log, and hold up nothing: an ingest right after it is acknowledged and readable.
+The same records signed by the engine's key are applied (the controls), so the refusals are what
+stops them. Last, the key is rotated while the stack runs, then the old key retired.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import os
 import shutil
@@ -40,8 +41,10 @@ from context_engine.streams.record_auth import (
     KEYRING_FORMAT,
     MISSING,
     UNKNOWN_KEY,
+    WRONG_PARTITION,
     Keyring,
     RecordSigner,
+    partition_for,
     signer_from_settings,
 )
 from context_engine.streams.topics import LogTopics
@@ -99,6 +102,7 @@ class Record:
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]]
+    partition: int | None = None  # None: where the default partitioner sends the key, as trusted producers do
 
 
 def ingested_event(org: str, session: str, text: str) -> Event:
@@ -136,7 +140,7 @@ async def genuine(settings, topic: str, wanted: Callable[[bytes], bool]) -> Reco
             for records in (await consumer.getmany(timeout_ms=200)).values():
                 for r in records:
                     if r.value is not None and wanted(r.value):
-                        return Record(topic, r.key, r.value, list(r.headers))
+                        return Record(topic, r.key, r.value, list(r.headers), r.partition)
         raise AssertionError(f"no such record on {topic}")
     finally:
         await consumer.stop()
@@ -149,7 +153,8 @@ async def produce(settings, records: list[Record]) -> list[str]:
     try:
         landed = []
         for r in records:
-            meta = await producer.send_and_wait(r.topic, r.value, key=r.key, headers=r.headers or None)
+            meta = await producer.send_and_wait(r.topic, r.value, key=r.key, headers=r.headers or None,
+                                                partition=r.partition)
             landed.append(f"{meta.topic}[{meta.partition}]@{meta.offset}")
         return landed
     finally:
@@ -242,6 +247,26 @@ async def moved(engine, victim, tmp_path):
             Record(t.events, session_aggregate(victim.org, "other").encode(), event.value, event.headers)]
 
 
+async def copied_to_another_partition(engine, victim, tmp_path):
+    """(d) genuine records, bytes and headers unchanged, copied to another partition of their topic:
+    the victim's ingest and the PII job of its memory, read off the log; and an event the engine's
+    key signed that is found only on another partition than its key's, as a copy is when its
+    original's partition lags (had it been applied, its content would be in a table)."""
+    t = LogTopics.from_settings(engine.settings)
+    counts = t.partitions
+
+    def elsewhere(r: Record) -> Record:
+        return dataclasses.replace(r, partition=(r.partition + 1) % counts[r.topic])
+
+    event = await genuine(engine.settings, t.events, lambda v: victim.ingested_id.encode() in v)
+    pii = await genuine(engine.settings, t.jobs["pii"], lambda v: victim.memory_id.encode() in v)
+    ahead = ingested_event(victim.org, victim.session, MARKER)
+    raw, key = ahead.to_bytes(), ahead.aggregate.encode()
+    signed = Record(t.events, key, raw, signer_from_settings(engine.settings).headers(t.events, key, raw),
+                    partition_for(key, counts[t.events]))
+    return [elsewhere(event), elsewhere(pii), elsewhere(signed)]
+
+
 def forged_jobs(engine, victim) -> list[Record]:
     t, scope = LogTopics.from_settings(engine.settings), Scope(victim.org)
     return [job_record(t, "embedding", jobs.embedding_job(scope, victim.ingested_id, victim.chunk_ids)),
@@ -277,6 +302,8 @@ FORGERIES = [
     ("c: a genuine header on altered bytes", replayed_header, {("events", BAD_MAC): 3}),
     ("d: genuine records moved to another stream or key", moved,
      {("reindex", BAD_MAC): 1, ("embedding", BAD_MAC): 1, ("pii", BAD_MAC): 1, ("events", BAD_MAC): 1}),
+    ("d: genuine records copied to another partition", copied_to_another_partition,
+     {("events", WRONG_PARTITION): 2, ("pii", WRONG_PARTITION): 1}),
     ("e: job records without a header", job_records, jobs_expected(MISSING)),
     ("e: job records signed with the forger's key", signed_jobs_wrong_key, jobs_expected(UNKNOWN_KEY)),
 ]

@@ -1,5 +1,6 @@
-"""The log's record authenticators (streams/record_auth.py): what verifies, what is refused and why,
-and how a keyring is made, rotated, retired and followed by running signers and verifiers."""
+"""The log's record authenticators (streams/record_auth.py): what verifies, what is refused and why
+(a genuine record on another partition than its key's included), and how a keyring is made,
+rotated, retired and followed by running signers and verifiers."""
 
 from __future__ import annotations
 
@@ -19,13 +20,26 @@ from context_engine.streams.record_auth import (
     MALFORMED,
     MISSING,
     UNKNOWN_KEY,
+    WRONG_PARTITION,
     Keyring,
     KeyringError,
     RecordSigner,
     RecordVerifier,
+    partition_for,
 )
+from context_engine.streams.topics import LogTopics
 
 TOPIC, KEY, VALUE = "ce.events", b"session/acme/s1", b'{"event_id": "e1", "payload": {}}'
+PARTITIONS = {**LogTopics("ce", 4, 3).partitions, "other.events": 4}
+
+
+def home(key: bytes | None, topic: str = TOPIC) -> int:
+    """The partition a trusted producer's record with this key is on."""
+    return partition_for(key, PARTITIONS.get(topic, 4)) if key is not None else 0
+
+
+def verifier_of(keyring: Keyring) -> RecordVerifier:
+    return RecordVerifier(keyring, PARTITIONS)
 
 
 @pytest.fixture
@@ -36,7 +50,7 @@ def keyring_path(tmp_path):
 @pytest.fixture
 def pair(keyring_path):
     keyring = Keyring(keyring_path)
-    return RecordSigner(keyring), RecordVerifier(keyring)
+    return RecordSigner(keyring), verifier_of(keyring)
 
 
 def header_value(signer: RecordSigner, topic=TOPIC, key=KEY, value=VALUE) -> bytes:
@@ -47,11 +61,13 @@ def header_value(signer: RecordSigner, topic=TOPIC, key=KEY, value=VALUE) -> byt
 
 def test_a_signed_record_verifies(pair):
     signer, verifier = pair
-    assert verifier.check(TOPIC, KEY, VALUE, signer.headers(TOPIC, KEY, VALUE)) is None
-    assert verifier.check(TOPIC, None, VALUE, signer.headers(TOPIC, None, VALUE)) is None
-    assert verifier.check(TOPIC, KEY, b"", signer.headers(TOPIC, KEY, b"")) is None
+    assert verifier.check(TOPIC, home(KEY), KEY, VALUE, signer.headers(TOPIC, KEY, VALUE)) is None
+    assert verifier.check(TOPIC, home(b""), b"", VALUE, signer.headers(TOPIC, b"", VALUE)) is None
+    assert verifier.check(TOPIC, home(KEY), KEY, b"", signer.headers(TOPIC, KEY, b"")) is None
     # other headers beside it are ignored (a client library may add its own)
-    assert verifier.check(TOPIC, KEY, VALUE, [("trace", b"x"), *signer.headers(TOPIC, KEY, VALUE)]) is None
+    assert verifier.check(TOPIC, home(KEY), KEY, VALUE, [("trace", b"x"), *signer.headers(TOPIC, KEY, VALUE)]) is None
+    job = "ce.embedding"  # job topics have their own count
+    assert verifier.check(job, home(b"acme", job), b"acme", VALUE, signer.headers(job, b"acme", VALUE)) is None
 
 
 def _other_key_with_the_same_id(signer, tmp_path):
@@ -101,12 +117,81 @@ REFUSED = [
 @pytest.mark.parametrize("case, make, reason", REFUSED, ids=[c[0] for c in REFUSED])
 def test_refused(pair, tmp_path, case, make, reason):
     signer, verifier = pair
-    refusal = verifier.check(*make(signer, tmp_path))
+    topic, key, value, headers = make(signer, tmp_path)
+    refusal = verifier.check(topic, home(key, topic), key, value, headers)  # each on its key's partition
     assert refusal is not None and refusal.reason == reason, case
-    if reason in (BAD_MAC, UNKNOWN_KEY):
+    if reason in (BAD_MAC, UNKNOWN_KEY, WRONG_PARTITION):
         assert refusal.key_id  # logged by key id
     else:
         assert refusal.key_id is None  # nothing a malformed header says is repeated
+
+
+def test_the_partition_is_the_one_kafkas_default_partitioner_gives_the_key():
+    """What every trusted producer uses: aiokafka's default partitioner (Faust's producer takes the
+    same class), the Java client's murmur2."""
+    from aiokafka.partitioner import DefaultPartitioner, murmur2
+    from aiokafka.producer.producer import _DEFAULT_PARTITIONER
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    assert murmur2(b"21") == -973932308 & 0xFFFFFFFF  # Kafka's own Utils.murmur2 test vector
+    assert isinstance(_DEFAULT_PARTITIONER, DefaultPartitioner)
+    assert faust_aiokafka.DefaultPartitioner is DefaultPartitioner
+    keys = [KEY, b"", b"acme", *(f"session/org-{i}/s{i}".encode() for i in range(200))]
+    for n in (1, 3, 4, 7):
+        assert [partition_for(k, n) for k in keys] == [_DEFAULT_PARTITIONER(k, list(range(n)), []) for k in keys]
+    assert len({partition_for(k, 4) for k in keys}) == 4  # the keys above do land on every partition
+
+
+JOB_KEY = next(k for k in (f"org-{i}".encode() for i in range(100)) if partition_for(k, 4) != partition_for(k, 3))
+MOVED = [
+    # (case, topic, key the record is signed with, partition it is found on)
+    *((f"copied to partition {p}", TOPIC, KEY, p) for p in range(4) if p != home(KEY)),
+    ("beyond the topic's partitions", TOPIC, KEY, home(KEY) + 4),
+    ("a negative partition", TOPIC, KEY, home(KEY) - 4),
+    ("a job copied to another partition", "ce.pii", b"acme", (home(b"acme", "ce.pii") + 1) % 3),
+    # where the key would go with the events topic's 4 partitions, on a job topic of 3
+    ("a job placed by another partition count", "ce.pii", JOB_KEY, partition_for(JOB_KEY, 4)),
+    *((f"no key, on partition {p}", TOPIC, None, p) for p in range(4)),
+    ("a topic of no known count", "ce.unknown", KEY, 0),
+]
+
+
+@pytest.mark.parametrize("case, topic, key, partition", MOVED, ids=[c[0] for c in MOVED])
+def test_a_genuine_record_off_its_keys_partition_is_refused(pair, case, topic, key, partition):
+    """Headers, key and value unchanged: the MAC verifies, the place does not. A record without a
+    key has no partition of its own (the default partitioner scatters it), so it is refused
+    anywhere: no trusted producer writes one."""
+    signer, verifier = pair
+    headers = signer.headers(topic, key, VALUE)
+    refusal = verifier.check(topic, partition, key, VALUE, headers)
+    assert refusal == (WRONG_PARTITION, signer.keyring.signing.key_id), case
+    if key is not None and topic in PARTITIONS:  # the same record where it belongs verifies
+        assert verifier.check(topic, home(key, topic), key, VALUE, headers) is None
+
+
+def test_a_forgery_is_refused_for_its_authenticator_wherever_it_is(pair):
+    """The partition is looked at only once the MAC verified: a forgery's reason stays what it is."""
+    signer, verifier = pair
+    for p in range(4):
+        assert verifier.check(TOPIC, p, KEY, VALUE, []).reason == MISSING
+        assert verifier.check(TOPIC, p, KEY, VALUE + b"x", signer.headers(TOPIC, KEY, VALUE)).reason == BAD_MAC
+
+
+def test_the_broker_count_of_a_topic_is_taken_unless_configured_otherwise(keyring_path):
+    """replay's read_log tells the verifier each topic's count on the broker: taken for a topic it
+    was not given, an error for one configured with another count (a repartitioned topic)."""
+    keyring = Keyring(keyring_path)
+    signer = RecordSigner(keyring)
+    headers = signer.headers("ad-hoc", KEY, VALUE)
+    verifier = RecordVerifier(keyring)
+    assert verifier.check("ad-hoc", partition_for(KEY, 2), KEY, VALUE, headers).reason == WRONG_PARTITION
+    verifier.expect_partitions("ad-hoc", 2)
+    assert verifier.check("ad-hoc", partition_for(KEY, 2), KEY, VALUE, headers) is None
+    configured = verifier_of(keyring)
+    configured.expect_partitions(TOPIC, 4)  # as configured: nothing changes
+    assert configured.check(TOPIC, home(KEY), KEY, VALUE, signer.headers(TOPIC, KEY, VALUE)) is None
+    with pytest.raises(ValueError, match="has 8 partitions on the broker, 4 configured"):
+        configured.expect_partitions(TOPIC, 8)
 
 
 def test_the_keyring_is_made_once_private_and_shared_by_processes_starting_together(keyring_path):
@@ -121,7 +206,7 @@ def test_the_keyring_is_made_once_private_and_shared_by_processes_starting_toget
     assert os.stat(keyring_path.parent).st_mode & 0o777 == 0o700
     assert [p.name for p in keyring_path.parent.iterdir() if p.name.endswith(".tmp")] == []
     signer = RecordSigner(keyrings[0])
-    assert all(RecordVerifier(k).check(TOPIC, KEY, VALUE, signer.headers(TOPIC, KEY, VALUE)) is None
+    assert all(verifier_of(k).check(TOPIC, home(KEY), KEY, VALUE, signer.headers(TOPIC, KEY, VALUE)) is None
                for k in keyrings)
 
 
@@ -153,8 +238,8 @@ def test_rotation_old_and_new_keys_verify_and_a_running_verifier_learns_the_new_
     assert new_signer.keyring.signing.key_id == new.key_id != old_id
     assert header_value(new_signer).split(b".")[1] == new.key_id.encode()
     # the verifier was built before the rotation and was not refreshed: an unknown id makes it look
-    assert verifier.check(TOPIC, KEY, VALUE, new_signer.headers(TOPIC, KEY, VALUE)) is None
-    assert verifier.check(TOPIC, KEY, VALUE, old_signer.headers(TOPIC, KEY, VALUE)) is None
+    assert verifier.check(TOPIC, home(KEY), KEY, VALUE, new_signer.headers(TOPIC, KEY, VALUE)) is None
+    assert verifier.check(TOPIC, home(KEY), KEY, VALUE, old_signer.headers(TOPIC, KEY, VALUE)) is None
 
 
 def test_an_unknown_key_id_makes_the_verifier_look_at_most_twice_a_second(pair, keyring_path, monkeypatch):
@@ -166,13 +251,13 @@ def test_an_unknown_key_id_makes_the_verifier_look_at_most_twice_a_second(pair, 
     real_stat = verifier.keyring._stat
     monkeypatch.setattr(verifier.keyring, "_stat", lambda: looks.append(clock[0]) or real_stat())
     for _ in range(100):
-        assert verifier.check(TOPIC, KEY, VALUE, forged).reason == UNKNOWN_KEY
+        assert verifier.check(TOPIC, home(KEY), KEY, VALUE, forged).reason == UNKNOWN_KEY
     assert len(looks) == 1
     clock[0] += record_auth.UNKNOWN_KEY_RECHECK_S
     record_auth.rotate(keyring_path)
     new_headers = RecordSigner(Keyring(keyring_path)).headers(TOPIC, KEY, VALUE)
     looks.clear()
-    assert verifier.check(TOPIC, KEY, VALUE, new_headers) is None
+    assert verifier.check(TOPIC, home(KEY), KEY, VALUE, new_headers) is None
     assert len(looks) == 1
 
 
@@ -186,7 +271,7 @@ def test_a_running_signer_follows_the_keyring_within_a_second(pair, keyring_path
     assert header_value(signer).split(b".")[1] == old_id.encode()  # looked less than a second ago
     clock[0] += record_auth.SIGNER_RECHECK_S
     assert header_value(signer).split(b".")[1] == new.key_id.encode()
-    assert verifier.check(TOPIC, KEY, VALUE, signer.headers(TOPIC, KEY, VALUE)) is None
+    assert verifier.check(TOPIC, home(KEY), KEY, VALUE, signer.headers(TOPIC, KEY, VALUE)) is None
 
 
 def test_a_key_activated_later_signs_only_from_its_time(keyring_path):
@@ -197,7 +282,7 @@ def test_a_key_activated_later_signs_only_from_its_time(keyring_path):
     assert record_auth.signing_key(keys, now).key_id != later.key_id
     assert record_auth.signing_key(keys, now + dt.timedelta(seconds=601)).key_id == later.key_id
     # ... but verifies at once, so a host that has the new file early refuses nothing
-    assert RecordVerifier(Keyring(keyring_path)).keyring.mac(later.key_id) is not None
+    assert verifier_of(Keyring(keyring_path)).keyring.mac(later.key_id) is not None
 
 
 def test_retire(pair, keyring_path):
@@ -214,7 +299,7 @@ def test_retire(pair, keyring_path):
     stale = old_signer.headers(TOPIC, KEY, VALUE)  # this signer looked at the file before the retirement
     assert stale[0][1].split(b".")[1] == old_id.encode()
     verifier.refresh()  # the worker's next batch
-    assert verifier.check(TOPIC, KEY, VALUE, stale).reason == UNKNOWN_KEY
+    assert verifier.check(TOPIC, home(KEY), KEY, VALUE, stale).reason == UNKNOWN_KEY
     assert old_id not in record_auth.read_keys(keyring_path)[0].key_id
     # a key still to come can be withdrawn without waiting
     pending = record_auth.rotate(keyring_path, activate_in=600)
@@ -226,10 +311,10 @@ def test_a_running_process_keeps_its_keys_when_the_file_breaks_or_goes(pair, key
     headers = signer.headers(TOPIC, KEY, VALUE)
     keyring_path.write_text("{ half written")
     verifier.refresh()
-    assert verifier.check(TOPIC, KEY, VALUE, headers) is None
+    assert verifier.check(TOPIC, home(KEY), KEY, VALUE, headers) is None
     keyring_path.unlink()
     verifier.refresh()
-    assert verifier.check(TOPIC, KEY, VALUE, headers) is None
+    assert verifier.check(TOPIC, home(KEY), KEY, VALUE, headers) is None
 
 
 def _keyring(*keys: dict) -> dict:
