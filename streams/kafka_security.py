@@ -6,6 +6,10 @@ SCRAM-SHA-256, SCRAM-SHA-512) and TLS, from the `kafka_*` settings.
 worker's `broker_credentials`, which Faust turns into the same arguments for its own clients
 (faust.transport.drivers.aiokafka.credentials_to_aiokafka_auth). The bundled broker takes
 PLAINTEXT only.
+
+SASL PLAIN sends the password itself, so it is taken over SASL_SSL only: PLAIN over
+SASL_PLAINTEXT is a settings error, and no setting allows it. SCRAM is taken over SASL_PLAINTEXT:
+it never sends the password (the records still cross the network in the clear).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ def _check(settings: Any) -> None:
     protocol = settings.kafka_security_protocol
     if protocol in _SASL and not (settings.kafka_sasl_username and settings.kafka_sasl_password):
         raise ValueError(f"kafka_security_protocol {protocol} needs kafka_sasl_username and kafka_sasl_password")
+    if protocol == "SASL_PLAINTEXT" and settings.kafka_sasl_mechanism == "PLAIN":
+        raise ValueError("kafka_sasl_mechanism PLAIN sends the password in the clear with kafka_security_protocol "
+                         "SASL_PLAINTEXT: use SASL_SSL, or SCRAM-SHA-256 / SCRAM-SHA-512")
     tls_files = [name for name in ("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
                  if getattr(settings, name) is not None]
     if protocol not in _TLS and tls_files:

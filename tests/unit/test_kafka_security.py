@@ -49,7 +49,7 @@ def test_plaintext_is_the_default():
     assert credentials_to_aiokafka_auth(faust_credentials(s)) == client_security(s)
 
 
-@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])  # PLAIN: refused, below
 def test_sasl_without_tls(mechanism):
     s = settings(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_mechanism=mechanism,
                  kafka_sasl_username="engine", kafka_sasl_password="s3cret")
@@ -107,7 +107,12 @@ def test_tls_with_the_systems_cas():
     ({"kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_username": "u", "kafka_sasl_password": "p",
       "kafka_ssl_cafile": "/etc/ssl/ca.pem"}, "TLS is used only"),
     ({"kafka_security_protocol": "SSL", "kafka_ssl_keyfile": "/k.pem"}, "needs kafka_ssl_certfile"),
-], ids=["sasl-no-password", "sasl-no-username", "ca-without-tls", "ca-with-sasl-plaintext", "key-without-cert"])
+    # the password itself, unencrypted: the error names both fields and what to use instead
+    ({"kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_mechanism": "PLAIN", "kafka_sasl_username": "u",
+      "kafka_sasl_password": "p"},
+     "kafka_sasl_mechanism PLAIN .* kafka_security_protocol SASL_PLAINTEXT: use SASL_SSL, or SCRAM"),
+], ids=["sasl-no-password", "sasl-no-username", "ca-without-tls", "ca-with-sasl-plaintext", "key-without-cert",
+        "plain-over-sasl-plaintext"])
 def test_settings_that_would_not_do_what_they_say_are_refused(fields, message):
     s = settings(**fields)
     with pytest.raises(ValueError, match=message):
@@ -116,28 +121,71 @@ def test_settings_that_would_not_do_what_they_say_are_refused(fields, message):
         faust_credentials(s)
 
 
-def test_compose_gives_the_engine_what_its_broker_asks_for(monkeypatch):
-    """compose.yaml cannot run here (no Docker): its engine's settings are read as the engine
-    would and checked against the SCRAM user its Redpanda makes."""
+def _compose(environ: dict[str, str]) -> dict:
+    """compose.yaml as `docker compose` reads it with these variables set: ${VAR}, ${VAR:-default},
+    ${VAR-default}, ${VAR:?error} and ${VAR?error} substituted (a missing required one raises)."""
     import pathlib
     import re
 
     yaml = pytest.importorskip("yaml")
-    compose = yaml.safe_load((pathlib.Path(__file__).parents[2] / "compose.yaml").read_text())
-    password = "from-the-env-file"
 
-    def substituted(value: str) -> str:  # compose's ${VAR:-default}, with VAR set
-        return re.sub(r"\$\{KAFKA_PASSWORD:-[^}]*\}", password, str(value))
+    def value(m: re.Match) -> str:
+        name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
+        got = environ.get(name)
+        unset = got is None or (op.startswith(":") and got == "")
+        if op.endswith("?") and unset:
+            raise LookupError(f"{name}: {arg}")
+        if op.endswith("-") and unset:
+            return arg
+        return got or ""
 
-    env = {k: substituted(v) for k, v in compose["services"]["engine"]["environment"].items()}
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    bootstrap_user = compose["services"]["redpanda"]["environment"]["RP_BOOTSTRAP_USER"]
-    user, secret, mechanism = substituted(bootstrap_user).split(":")
+    def substituted(node):
+        if isinstance(node, dict):
+            return {k: substituted(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [substituted(v) for v in node]
+        if isinstance(node, str):
+            return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}", value, node)
+        return node
+
+    return substituted(yaml.safe_load((pathlib.Path(__file__).parents[2] / "compose.yaml").read_text()))
+
+
+def test_compose_gives_the_engine_what_its_broker_and_database_ask_for(monkeypatch):
+    """compose.yaml cannot run here (no Docker): its engine's settings are read as the engine
+    would and checked against the SCRAM user its Redpanda makes and the password its PostgreSQL
+    takes."""
+    from urllib.parse import urlsplit
+
+    secrets = {"KAFKA_PASSWORD": "from-the-env-file", "POSTGRES_PASSWORD": "another-from-the-env-file"}
+    compose = _compose(secrets)
+    for name, value in compose["services"]["engine"]["environment"].items():
+        monkeypatch.setenv(name, str(value))
+    user, secret, mechanism = compose["services"]["redpanda"]["environment"]["RP_BOOTSTRAP_USER"].split(":")
     s = Settings()
     assert client_security(s) == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": mechanism,
                                   "sasl_plain_username": user, "sasl_plain_password": secret}
-    assert secret == password
+    assert secret == secrets["KAFKA_PASSWORD"]
     assert credentials_to_aiokafka_auth(faust_credentials(s)) == {**client_security(s), "ssl_context": None}
     assert "enable_sasl=true" in compose["services"]["redpanda"]["command"]
     assert f'superusers=["{user}"]' in compose["services"]["redpanda"]["command"]
+    database = compose["services"]["postgres"]["environment"]
+    url = urlsplit(s.database_url)
+    assert (url.username, url.password) == (database["POSTGRES_USER"], database["POSTGRES_PASSWORD"])
+    assert database["POSTGRES_PASSWORD"] == secrets["POSTGRES_PASSWORD"]
+
+
+@pytest.mark.parametrize("missing", ["KAFKA_PASSWORD", "POSTGRES_PASSWORD"])
+def test_compose_has_no_default_secret(missing):
+    """Without the variable compose stops (`${VAR:?...}`), instead of a password everyone knows."""
+    with pytest.raises(LookupError, match=missing):
+        _compose({"KAFKA_PASSWORD": "k", "POSTGRES_PASSWORD": "p", missing: ""})
+
+
+def test_compose_publishes_the_database_and_the_broker_on_the_loopback_at_most():
+    """The engine reaches them on the compose network; a port published on every interface would
+    put the superuser's login and the broker on the host's network."""
+    services = _compose({"KAFKA_PASSWORD": "k", "POSTGRES_PASSWORD": "p"})["services"]
+    for name in ("postgres", "redpanda"):
+        for port in services[name].get("ports", []):
+            assert str(port.get("host_ip") if isinstance(port, dict) else port).startswith("127.0.0.1"), (name, port)
