@@ -119,7 +119,7 @@ class Settings(BaseSettings):
     detector_service_token: SecretStr | None = None
     detector_service_token_file: pathlib.Path | None = None
     # The keys guardrail layers are accepted from and served by (context_engine/guardrails/trust.py):
-    # fingerprints (64 hex) and/or PEM key files, JSON. Empty: <home>/keys/guardrail-ed25519.pem only.
+    # fingerprints (64 hex) and/or public-key PEM files, JSON. Empty: <home>/keys/guardrail-ed25519.pub only.
     guardrail_trusted_keys: list[str] = []
 
     # Embeddings. "minilm" (all-MiniLM-L6-v2 int8, 384-d, offline) or "openai" (any

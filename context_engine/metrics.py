@@ -56,7 +56,7 @@ LOG_RECORDS_REFUSED = Counter(
     "context_engine_log_records_refused",
     "Records of the log a worker agent dropped unread: no valid authenticator from a trusted writer "
     "(streams/record_auth.py), by stream (events, embedding, pii, ...) and reason (missing, malformed, "
-    "unknown_key, bad_mac).",
+    "unknown_key, bad_mac, wrong_partition).",
     ["stream", "reason"])
 
 PROJECTOR_BATCH_EVENTS = Histogram(

@@ -19,7 +19,7 @@ from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from context_engine.projections import deferred_indexing
 from context_engine.scope import Scope
-from context_engine.streams.record_auth import signer_from_settings
+from context_engine.streams.record_auth import partition_for, signer_from_settings
 from context_engine.streams.topics import LogTopics
 from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
 from tests.fixtures.engine import unique
@@ -155,11 +155,17 @@ async def test_a_record_nobody_can_apply_takes_no_other_tenants_event_with_it(en
                 session_id=f"v{i % 4}", event_type="message", content=f"victim turn {i}".encode()))).version_hash
                 for i in range(n)]
 
+        # A key of each partition: a trusted writer's record is on its key's partition (unkeyed or
+        # elsewhere, it is refused unread, not set aside: streams/record_auth.py).
+        partitions, keys = LogTopics.from_settings(engine.settings).partitions[topic], {}
+        for i in range(1000):
+            keys.setdefault(partition_for(f"poison/{i}".encode(), partitions), f"poison/{i}".encode())
+
         async def attack() -> None:
             for round_ in range(5):
-                for p in range(LogTopics.from_settings(engine.settings).partitions[topic]):
+                for p, key in sorted(keys.items()):
                     for raw in poison:
-                        await producer.send(topic, raw, partition=p, headers=signer.headers(topic, None, raw))
+                        await producer.send(topic, raw, key=key, partition=p, headers=signer.headers(topic, key, raw))
                 await asyncio.sleep(0)
             await producer.flush()
 

@@ -14,7 +14,7 @@ from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.inference.tokens import count_tokens
 from context_engine.projections.records import LogRecord
 from context_engine.scope import Scope
-from context_engine.streams.record_auth import signer_from_settings, verifier_from_settings
+from context_engine.streams.record_auth import partition_for, signer_from_settings, verifier_from_settings
 from context_engine.streams.replay import compare, create_database, drop_database, read_archive, read_log, replay, verify
 from context_engine.streams.topics import LogTopics
 from tests.fixtures.engine import unique
@@ -82,6 +82,13 @@ async def versions(url: str, org: str) -> dict[str, str]:
             "SELECT session_id, version FROM sessions WHERE org_id = $1", org)}
     finally:
         await conn.close()
+
+
+def key_of_partition(settings, topic: str, partition: int) -> bytes:
+    """A record key the default partitioner maps to `partition`: the verifier refuses a record
+    anywhere else (streams/record_auth.py)."""
+    count = LogTopics.from_settings(settings).partitions[topic]
+    return next(k for i in range(10_000) if partition_for(k := f"garbage/{i}".encode(), count) == partition)
 
 
 async def row_counts(url: str, org: str) -> dict[str, int]:
@@ -159,13 +166,19 @@ async def test_verify_names_an_event_on_the_log_the_read_models_never_received(e
     topic = LogTopics.from_settings(settings).events
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     await producer.start()
-    try:  # a trusted writer's garbage (signed): set aside, not refused
-        garbage = b"\x00 garbage on the log \xff"
-        await producer.send_and_wait(topic, garbage, partition=0,
-                                     headers=signer_from_settings(settings).headers(topic, None, garbage))
+    try:  # a trusted writer's garbage (signed, on its key's partition): set aside, not refused
+        garbage, key = b"\x00 garbage on the log \xff", key_of_partition(settings, topic, 0)
+        await producer.send_and_wait(topic, garbage, key=key, partition=0,
+                                     headers=signer_from_settings(settings).headers(topic, key, garbage))
     finally:
         await producer.stop()
     await settled(engine, org)
+    conn = await asyncpg.connect(settings.database_url)
+    try:  # set aside (a row to account for), not refused unread
+        assert await conn.fetchval("SELECT count(*) FROM rejected_events WHERE topic = $1 AND raw = $2",
+                                   topic, garbage) == 1
+    finally:
+        await conn.close()
     for name, records in (("log", lambda: log_of(settings, topic)),
                           ("archive", lambda: read_archive(settings.database_url, topic))):
         _, differences = await verify(records(), settings.database_url, log=(log_of(settings, topic), topic))
@@ -192,9 +205,10 @@ async def test_the_verify_command_reads_a_log_with_set_aside_records(engine, sou
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     topic = LogTopics.from_settings(settings).events
     await producer.start()
-    try:  # signed: a trusted writer's record that does not decode is set aside
-        await producer.send_and_wait(topic, b"{not json", partition=1,
-                                     headers=signer_from_settings(settings).headers(topic, None, b"{not json"))
+    try:  # signed, on its key's partition: a trusted writer's record that does not decode is set aside
+        key = key_of_partition(settings, topic, 1)
+        await producer.send_and_wait(topic, b"{not json", key=key, partition=1,
+                                     headers=signer_from_settings(settings).headers(topic, key, b"{not json"))
     finally:
         await producer.stop()
     org = unique("org")
