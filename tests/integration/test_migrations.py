@@ -28,6 +28,7 @@ from context_engine.projections.migrate import (
 from context_engine.projections.records import LogRecord
 from context_engine.projections.session_projector import apply_batch
 from context_engine.scope import Scope
+from tests.fixtures.owned_database import owned_database
 
 pytestmark = pytest.mark.integration
 
@@ -267,32 +268,57 @@ async def test_an_org_transaction_opens_in_one_script_and_ends_on_failure(fresh_
         await pool.close()
 
 
-async def test_snapshot_names_become_their_creators_with_the_archived_scope(fresh_db: str, tmp_path: Path) -> None:
-    """0019 gives snapshots made before it the scope of the event that made them."""
+@pytest.fixture(params=["superuser", "owner without BYPASSRLS"])
+async def admin_db(request, fresh_db: str, postgres_url: str) -> AsyncIterator[str]:
+    """An empty database and its admin's URL: the test server's superuser, or an owner that
+    row-level security applies to (an external deployment's admin)."""
+    if request.param == "superuser":
+        yield fresh_db
+        return
+    app_role = f"ce_test_mig_app_{uuid.uuid4().hex[:6]}"
+    async with owned_database(postgres_url, then_drop_roles=[app_role]) as (_, owner_url):
+        request.node.app_role = app_role
+        yield owner_url
+
+
+async def test_snapshot_names_become_their_creators_with_the_archived_scope(admin_db: str, tmp_path: Path,
+                                                                             request) -> None:
+    """0019 gives snapshots made before it the scope of the event that made them; one whose
+    event is missing, or does not read as JSON (a \\u0000 in its actor), becomes the org's."""
+    app_role = getattr(request.node, "app_role", APP_ROLE)
     before = tmp_path / "before"
     before.mkdir()
     for m in load_migrations():
         if m.version < "0019":
             shutil.copy(MIGRATIONS_DIR / m.name, before / m.name)
-    await migrate(fresh_db, app_password=APP_PASSWORD, directory=before)
+    await migrate(admin_db, app_role=app_role, app_password=APP_PASSWORD, directory=before)
     team = Scope("org-a", "sales", "emea")
-    event = Event(SNAPSHOT_CREATED, team, session_aggregate("org-a", "s"), "lead",
-                  {"session_id": "s", "snapshot_id": str(uuid.uuid4()), "name": "n"})
-    conn = await asyncpg.connect(fresh_db)
+    made = [Event(SNAPSHOT_CREATED, team, session_aggregate("org-a", "s"), actor,
+                  {"session_id": "s", "snapshot_id": str(uuid.uuid4()), "name": name})
+            for name, actor in (("n", "lead"), ("nul", "a\x00b"))]
+    conn = await asyncpg.connect(admin_db)
     try:
-        await conn.execute(
-            "INSERT INTO event_archive (event_id, org_id, topic, partition, \"offset\", aggregate, type, "
-            "schema_version, occurred_at, actor, content_hash, raw) "
-            "VALUES ($1, 'org-a', 't', 0, 0, $2, $3, 1, now(), 'lead', $4, $5)",
-            uuid.UUID(event.event_id), event.aggregate, event.type, event.content_hash, event.to_bytes())
-        await conn.execute(
-            "INSERT INTO snapshots (snapshot_id, org_id, session_id, name, version, seq, state, event_id, "
-            "created_at, created_by) VALUES ($1, 'org-a', 's', 'n', $2, 0, '{}', $3, now(), 'lead'), "
-            "($4, 'org-a', 's', 'orphan', $2, 0, '{}', $5, now(), 'lead')",
-            uuid.UUID(event.payload["snapshot_id"]), "0" * 64, uuid.UUID(event.event_id), uuid.uuid4(), uuid.uuid4())
-        assert await migrate(fresh_db, app_password=APP_PASSWORD) == [m.version for m in load_migrations()
-                                                                       if m.version >= "0019"]
-        assert dict(await conn.fetch("SELECT name, scope_path FROM snapshots ORDER BY name")) == \
-            {"n": "org-a/sales/emea", "orphan": "org-a"}
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('app.org_id', 'org-a', true)")
+            for event in made:
+                await conn.execute(
+                    "INSERT INTO event_archive (event_id, org_id, topic, partition, \"offset\", aggregate, type, "
+                    "schema_version, occurred_at, actor, content_hash, raw) "
+                    "VALUES ($1, 'org-a', 't', 0, 0, $2, $3, 1, now(), 'lead', $4, $5)",
+                    uuid.UUID(event.event_id), event.aggregate, event.type, event.content_hash, event.to_bytes())
+            rows = [(uuid.UUID(e.payload["snapshot_id"]), e.payload["name"], uuid.UUID(e.event_id)) for e in made]
+            rows.append((uuid.uuid4(), "orphan", uuid.uuid4()))
+            await conn.executemany(
+                "INSERT INTO snapshots (snapshot_id, org_id, session_id, name, version, seq, state, event_id, "
+                "created_at, created_by) VALUES ($1, 'org-a', 's', $2, $3, 0, '{}', $4, now(), 'lead')",
+                [(sid, name, "0" * 64, eid) for sid, name, eid in rows])
+        assert await migrate(admin_db, app_role=app_role, app_password=APP_PASSWORD) == \
+            [m.version for m in load_migrations() if m.version >= "0019"]
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('app.org_id', 'org-a', true)")
+            assert dict(await conn.fetch("SELECT name, scope_path FROM snapshots")) == \
+                {"n": "org-a/sales/emea", "nul": "org-a", "orphan": "org-a"}
+        assert await conn.fetchval(  # row-level security is forced again
+            "SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname IN ('snapshots', 'event_archive')")
     finally:
         await conn.close()

@@ -71,6 +71,7 @@ from context_engine.scope import Scope
 from context_engine.streams import pii_rescan
 from tests.fixtures.engine import unique
 from tests.fixtures.infra import APP_PASSWORD
+from tests.fixtures.owned_database import owned_database
 
 pytestmark = pytest.mark.integration
 
@@ -583,26 +584,10 @@ async def owned_deployment(postgres_url: str):
     """A database owned by a role with CREATEROLE but neither SUPERUSER nor BYPASSRLS (an external
     deployment's admin), migrated by it, with its own app role; roles dropped afterwards."""
     suffix = uuid.uuid4().hex[:6]
-    owner, app_role, database = f"ce_test_owner_{suffix}", f"ce_test_owned_app_{suffix}", f"ce_test_owned_{suffix}"
-    owner_password, app_password = uuid.uuid4().hex, uuid.uuid4().hex
-    admin = await asyncpg.connect(postgres_url)
-    try:
-        await admin.execute(f"CREATE ROLE {owner} LOGIN CREATEROLE NOSUPERUSER NOBYPASSRLS PASSWORD '{owner_password}'")
-        # The cluster's shared roles already exist (the session's migrations made them): as a DBA
-        # would, let the owner administer them, without their privileges.
-        await admin.execute(f"GRANT {API_GROUP_ROLE}, {SYSTEM_ROLE} TO {owner} WITH ADMIN OPTION, INHERIT FALSE, SET FALSE")
-        await admin.execute(f"CREATE DATABASE {database} OWNER {owner}")
-        superuser_db = await asyncpg.connect(with_database(postgres_url, database))
-        await superuser_db.execute("CREATE EXTENSION vector; CREATE EXTENSION pg_trgm")  # vector is not trusted
-        await superuser_db.close()
-        owner_url = app_url(with_database(postgres_url, database), owner, owner_password)
+    app_role, app_password = f"ce_test_owned_app_{suffix}", uuid.uuid4().hex
+    async with owned_database(postgres_url, then_drop_roles=[app_role]) as (owner, owner_url):
         await migrate(owner_url, app_role=app_role, app_password=app_password)
         yield owner, owner_url, app_url(owner_url, app_role, app_password)
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-        await admin.execute(f"DROP ROLE IF EXISTS {app_role}")
-        await admin.execute(f"DROP ROLE IF EXISTS {owner}")
-        await admin.close()
 
 
 async def test_an_admin_that_is_not_superuser_sweeps_every_org_through_the_system_role(
@@ -763,8 +748,9 @@ def test_up_brings_an_earlier_trust_data_directory_to_scram(service_tmp_path: pa
         secrets_ = {"superuser": superuser_password, "app": app_password,
                     "jwt": (keys / "jwt-hs256.key").read_text().strip()}
 
-        # Files: every secret 0600 in a 0700 directory; the stack file holds the admin URL, 0600.
-        modes = {p.name: _mode(p) for p in keys.iterdir()}
+        # Files: every secret 0600 in a 0700 directory (a public key, .pub, is no secret); the
+        # stack file holds the admin URL, 0600.
+        modes = {p.name: _mode(p) for p in keys.iterdir() if p.suffix != ".pub"}
         assert {"postgres-superuser.password", "postgres-app.password", "jwt-hs256.key"} <= modes.keys()
         assert set(modes.values()) == {0o600}, modes
         assert _mode(keys) == 0o700 and _mode(stack) == 0o600
