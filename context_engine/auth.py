@@ -161,11 +161,21 @@ def _claim_error(message: str) -> Unauthenticated:
     return Unauthenticated(f"token claims are invalid: {message}", reason="TOKEN_CLAIMS_INVALID")
 
 
+MAX_TIME_CLAIM = 2**53  # JSON's safe integers; a 400-digit exp overflows float (OverflowError)
+
+
 def _check_time_types(claims: dict) -> None:
-    """exp, nbf and iat, where present, are finite numbers (not strings, booleans or null)."""
+    """exp, nbf and iat, where present, are finite numbers of a sane size (not strings, booleans,
+    null, or integers beyond 2**53)."""
     for name in TIME_CLAIMS:
         value = claims.get(name)
-        if name in claims and (type(value) not in (int, float) or not math.isfinite(value)):
+        if name not in claims:
+            continue
+        if type(value) is int:
+            ok = abs(value) <= MAX_TIME_CLAIM
+        else:
+            ok = type(value) is float and math.isfinite(value) and abs(value) <= MAX_TIME_CLAIM
+        if not ok:
             raise _claim_error(f"{name} must be a number (seconds since the epoch)")
 
 

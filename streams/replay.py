@@ -256,8 +256,8 @@ _CHECKS = {
                      "FROM session_items"),
     "session version": ("SELECT org_id || '/' || session_id AS key, last_event_id::text AS event, "
                         "version || ' at seq ' || seq AS value FROM sessions"),
-    "snapshot": ("SELECT org_id || '/' || session_id || ' snapshot ' || name AS key, event_id::text AS event, "
-                 "version AS value FROM snapshots"),
+    "snapshot": ("SELECT org_id || '/' || session_id || ' snapshot ' || name || ' by ' || scope_path AS key, "
+                 "event_id::text AS event, version AS value FROM snapshots"),
     "ingested event": ("SELECT org_id || ' event ' || event_id AS key, event_id::text AS event, "
                        "content_sha256 || ' v ' || version AS value FROM session_events"),
     # Chunks, by id: a content whose chunks never came (an indexing request given up, a job

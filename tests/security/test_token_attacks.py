@@ -136,6 +136,8 @@ def bad_claims() -> dict[str, tuple[dict, str]]:
         "exp a list": {"exp": [now() + 600]},
         "exp true": {"exp": True},
         "exp infinite": {"exp": float("inf")},
+        "exp of 401 digits": {"exp": 10**400},
+        "nbf of 401 digits, negative": {"nbf": -(10**400)},
         "exp null": {"exp": None},
         "nbf a string": {"nbf": str(now() - 10)},
         "nbf a word": {"nbf": "soon"},
