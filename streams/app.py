@@ -47,6 +47,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from upsquad.context.v1 import stream_pb2
 
 from context_engine.concurrency import background_thread
+from context_engine.guardrails.trust import load_trust
 from context_engine.config import Settings
 from context_engine.events import EMBEDDING_RECORDED, Event
 from context_engine.inference.embedder import embedder_from_settings
@@ -419,6 +420,7 @@ def _announce(applied: list[Applied]) -> tuple[str, list[str]]:
 
 def run_worker(settings: Settings, bootstrap: str) -> None:
     """Run the worker until SIGTERM/SIGINT (Faust's Worker owns signal handling)."""
+    load_trust(settings)  # a trust entry that cannot be read stops the start, not a partition later
     if settings.worker_metrics_port >= 0:
         port = serve_metrics(settings.api_host, settings.worker_metrics_port)
         log.info("worker metrics", url=f"http://{settings.api_host}:{port}/metrics")

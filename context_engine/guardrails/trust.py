@@ -150,8 +150,12 @@ class TrustSet:
             log.warning("guardrail trust entry gives no key", entry=str(f.path), problem="does not exist")
         if f.problem is not None:
             log.info("guardrail trust entry readable again", entry=str(f.path))
-        # The stat taken before the read: a change after it is seen at the next look.
-        f.seen, f.fingerprint, f.problem = sig, found, None
+        # The stat taken before the read: a change after it is seen at the next look. A file
+        # written in the last RACY_NS may be written again within the same mtime tick and the
+        # same size (a PEM public key always has 113 bytes), which its stat would not show: it is
+        # read again at the next look, as git treats racily clean files.
+        racy = sig != _ABSENT and time.time_ns() - sig[2] < RACY_NS
+        f.seen, f.fingerprint, f.problem = ((*sig, "racy") if racy else sig), found, None
 
     def _failed(self, f: _File, now: float, problem: str) -> None:
         repeated = problem == f.problem and now - f.warned_at < WARN_INTERVAL_S
@@ -165,6 +169,9 @@ class TrustSet:
         else:
             log.error("guardrail trust entry unreadable; no trust set until it is read (guardrail calls "
                       "answer UNAVAILABLE, guardrail layers wait)", entry=str(f.path), problem=problem)
+
+
+RACY_NS = 2_000_000_000  # coarse file systems tick their mtimes in seconds
 
 
 def _stat(path: pathlib.Path) -> Stat | str:
@@ -211,14 +218,23 @@ def configured_trusted_fingerprints(*, recheck: bool = False) -> frozenset[str]:
     return trusted_fingerprints(Settings(), recheck=recheck, announce=True)
 
 
+class GuardrailTrustMisconfigured(RuntimeError):
+    """At a service's start, a trust entry cannot be read or is no Ed25519 public key."""
+
+
 def load_trust(settings: Settings) -> None:
-    """Read the trust set now (at a process's start: the API), deriving the home's public key
-    file if it is missing, so that no call pays for it. A failure is logged and retried by the
-    calls."""
+    """Read the trust set now, at a service's start (the API, the worker), deriving the home's
+    public key file if it is missing, so that no call pays for it. An entry that cannot be read
+    or is no public key stops the start (GuardrailTrustMisconfigured, naming it): a service that
+    started anyway would answer every guardrail call UNAVAILABLE, and its worker would hold its
+    events partition, until someone read the log. Once a good set was read, a file that turns
+    unreadable keeps the key it gave (TrustSet)."""
     try:
         trusted_fingerprints(settings, recheck=True, announce=True)
-    except GuardrailTrustUnavailable:
-        pass  # logged by the set; the calls answer UNAVAILABLE until it is read
+    except GuardrailTrustUnavailable as exc:
+        raise GuardrailTrustMisconfigured(
+            "the guardrail trust set cannot be read: " + "; ".join(exc.problems)
+            + " (CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS takes fingerprints and public-key PEM files)") from exc
 
 
 def public_key_fingerprint(path: pathlib.Path) -> str:

@@ -318,8 +318,8 @@ async def test_the_engines_own_detector_calls_carry_the_token(host: Host) -> Non
 
 async def test_layers_of_a_key_no_longer_trusted_leave_every_prompt(host: Host) -> None:
     """Last in the module: the home's key is replaced (the old one is no longer trusted). Its layers
-    are re-checked at read, so they leave ResolveGuardrailLayers and AssembleContext at the next
-    call, with no rebuild; the new key's layers are served."""
+    are re-checked at read, so they leave ResolveGuardrailLayers and AssembleContext within the
+    trust set's one-second look, with no rebuild; the new key's layers are served."""
     victim = unique("victim")
     old_l1 = await host.publish(1, layer_scope(1), f"[L1] old key's rules {secrets.token_hex(4)}\n")
     old_l2 = await host.publish(2, layer_scope(2, victim), "[L2] old key's org rules\n")

@@ -78,10 +78,18 @@ class Counting:
         monkeypatch.setattr(trust, "public_key_fingerprint", counted_read)
 
 
-def _public(path: pathlib.Path, key: Ed25519PrivateKey) -> str:
-    """Write `key`'s public half as a rotation does: beside, then renamed into place."""
+_written = iter(range(1, 10**6))
+
+
+def _public(path: pathlib.Path, key: Ed25519PrivateKey, *, just_now: bool = False) -> str:
+    """Write `key`'s public half as a rotation does: beside, then renamed into place. Its mtime is
+    set long ago (each write's its own), unless `just_now`: a file written in the last two
+    seconds is read again at every look (trust.RACY_NS)."""
     tmp = path.with_name(path.name + ".new")
     tmp.write_bytes(public_key_pem(key))
+    if not just_now:
+        long_ago = 10**18 + next(_written) * 10**9
+        os.utime(tmp, ns=(long_ago, long_ago))
     os.replace(tmp, path)
     return str(path)
 
@@ -373,3 +381,37 @@ def test_an_earlier_homes_private_key_is_read_once_to_derive_its_public_half(tmp
     opened.clear()
     assert trusted_fingerprints(settings) == {fingerprint(key)}
     assert str(private) not in opened
+
+
+@pytest.mark.parametrize("entry", ["private", "garbage", "directory"])
+def test_a_service_does_not_start_on_an_entry_it_cannot_read(tmp_path: pathlib.Path, monkeypatch, entry) -> None:
+    """The API and the worker load the set at start: an unreadable or wrong entry (here a private
+    key, a file that is no key, a directory) stops the start naming it, instead of a service that
+    answers every guardrail call UNAVAILABLE and a worker that holds its partition."""
+    path = tmp_path / entry
+    if entry == "private":
+        path.write_bytes(_private_pem(Ed25519PrivateKey.generate()))
+    elif entry == "garbage":
+        path.write_bytes(b"not a key")
+    else:
+        path.mkdir()
+    monkeypatch.setattr(trust, "_sets", {})
+    with pytest.raises(trust.GuardrailTrustMisconfigured, match=str(path)):
+        load_trust(Settings(home=tmp_path, guardrail_trusted_keys=[str(path)]))
+
+
+def test_a_file_written_within_its_mtime_tick_is_read_again(tmp_path, monkeypatch) -> None:
+    """Rewritten in place with the same size inside one mtime tick, a file's stat does not change:
+    while its mtime is recent, every look reads it, so the second key is not missed."""
+    clock, seen = Clock(), Counting(monkeypatch)
+    first, second = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    path = tmp_path / "ops.pub"
+    path.write_bytes(public_key_pem(first))
+    ts = TrustSet([str(path)], clock=clock)
+    assert ts.fingerprints() == {fingerprint(first)}
+    before = os.stat(path)
+    path.write_bytes(public_key_pem(second))  # in place: same inode, same size
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # ... and the same tick
+    clock.now += 1.0
+    assert ts.fingerprints() == {fingerprint(second)}
+    assert len(seen.reads) == 2
