@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,9 +42,10 @@ from context_engine.streams.kafka_security import client_security
 from context_engine.streams.topics import LogTopics, ensure_topics
 
 DATABASE_NAME = "context_engine"
-# The detector reaches neither PostgreSQL nor the broker: it is not given their credentials.
-DETECTOR_WITHHELD = tuple(f"{ENV_PREFIX}{name}" for name in (
-    "DATABASE_URL", "API_DATABASE_URL", "KAFKA_SASL_PASSWORD", "KAFKA_BOOTSTRAP"))
+# The detector reaches neither PostgreSQL nor the broker, and signs nothing: it is given none of
+# their settings (URLs, passwords and password files, TLS keys, the log keyring, the JWT key,
+# the embedding API key).
+DETECTOR_WITHHELD = re.compile(rf"{ENV_PREFIX}(.*DATABASE.*|KAFKA_.*|.*PASSWORD.*|.*KEYRING.*|JWT_.*|.*API_KEY.*)")
 READY_TIMEOUT_S = 60.0
 BROKER_RESTARTS_PER_MINUTE = 10
 # A child's restarts: at most this many in any minute, the n-th of them after
@@ -70,13 +72,13 @@ class Child:
     proc: subprocess.Popen | None = field(default=None, repr=False)
     restarts: list[float] = field(default_factory=list)  # monotonic times of restarts in the last minute
     restart_at: float | None = None  # when a dead child is due to start again
-    withheld: tuple[str, ...] = ()  # environment variables (credentials) this child does not need
+    withheld: re.Pattern[str] | None = None  # environment variables (credentials) this child does not need
 
     def start(self, env: dict[str, str]) -> None:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "context_engine.cli", *self.args],
-            env={k: v for k, v in env.items() if k not in self.withheld},
+            env={k: v for k, v in env.items() if not (self.withheld and self.withheld.fullmatch(k))},
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=child_preexec(own_process_group=True))
         log.close()
