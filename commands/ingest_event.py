@@ -143,14 +143,24 @@ async def _first(deps: Deps, org: str, command: IngestEvent, event: Event) -> In
                     (p["event_type"], p["content_sha256"], p["metadata"]):
                 raise key_reused(command.idempotency_key, row.event_id)
             return Ingested(row.event_id, row.content_sha256, row.token_count)
-        archived = await queries.archived_event(conn, org, event.event_id)  # a server key: the event id
-        if archived is None:
-            return None
-        if (archived.type, archived.aggregate, archived.content_hash) != \
-                (event.type, event.aggregate, event.content_hash):
-            raise key_reused(command.idempotency_key, archived.event_id)
-        if (row := await queries.event_by_id(conn, org, event.event_id)) is None:
-            raise session_claimed_elsewhere(command.session_id)  # archived, not applied: OUT_OF_SCOPE
-        if row.scope_path != event.scope.path:  # another scope's event: never an answer to this caller
-            raise key_reused(command.idempotency_key, archived.event_id)
-        return Ingested(row.event_id, row.content_sha256, row.token_count)
+        row = await first_with_id(conn, org, event, command.idempotency_key, command.session_id,
+                                  queries.event_by_id)  # a server key: the event id
+        return None if row is None else Ingested(row.event_id, row.content_sha256, row.token_count)
+
+
+async def first_with_id(conn, org: str, event: Event, key: str, session_id: str, projected):
+    """The row `projected(conn, org, event_id)` wrote for the first event with this call's event
+    id (IngestEvent's server key, every PushContext key), None if none is archived yet. Refused
+    as IDEMPOTENCY_KEY_REUSED when that was another request (other bytes, or another scope's:
+    never an answer to this caller), as SESSION_OUT_OF_SCOPE when it was archived, not applied."""
+    archived = await queries.archived_event(conn, org, event.event_id)
+    if archived is None:
+        return None
+    if (archived.type, archived.aggregate, archived.content_hash) != \
+            (event.type, event.aggregate, event.content_hash):
+        raise key_reused(key, archived.event_id)
+    if (row := await projected(conn, org, event.event_id)) is None:
+        raise session_claimed_elsewhere(session_id)  # archived, not applied: OUT_OF_SCOPE
+    if row.scope_path != event.scope.path:
+        raise key_reused(key, archived.event_id)
+    return row

@@ -18,7 +18,7 @@ from context_engine.auth import Principal
 from context_engine import validation
 from context_engine.commands.deps import Deps
 from context_engine.commands.write_budget import write_bytes
-from context_engine.commands.ingest_event import event_key, idempotency_key, key_reused
+from context_engine.commands.ingest_event import event_key, first_with_id, idempotency_key, key_reused
 from context_engine.commands.session_access import session_claimed_elsewhere
 from context_engine.events import MEMORY_PUSHED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
@@ -102,14 +102,6 @@ async def _first(deps: Deps, org: str, command: PushContext, event: Event) -> Pu
     """The version the first push with this event id wrote, if it has landed; refused if that
     was another request (other content, memory_type, metadata, agent or session)."""
     async with org_transaction(deps.pool, org, readonly=True) as conn:
-        archived = await queries.archived_event(conn, org, event.event_id)
-        if archived is None:
-            return None
-        if (archived.type, archived.aggregate, archived.content_hash) != \
-                (event.type, event.aggregate, event.content_hash):
-            raise key_reused(command.idempotency_key, archived.event_id)
-        if (row := await queries.memory_by_event_id(conn, org, event.event_id)) is None:
-            raise session_claimed_elsewhere(command.session_id)  # archived, not applied: OUT_OF_SCOPE
-        if row.scope_path != event.scope.path:  # another scope's version: never an answer to this caller
-            raise key_reused(command.idempotency_key, archived.event_id)
-        return Pushed(row.content_sha256, row.created_at)
+        row = await first_with_id(conn, org, event, command.idempotency_key, command.session_id,
+                                  queries.memory_by_event_id)
+    return None if row is None else Pushed(row.content_sha256, row.created_at)

@@ -11,7 +11,7 @@ from context_engine import clearance
 from context_engine.auth import Principal
 from context_engine import validation
 from context_engine.commands.deps import Deps
-from context_engine.commands.session_access import rewritable_session, session_claimed_elsewhere
+from context_engine.commands.session_access import require_rewritable, session_claimed_elsewhere, visible_session
 from context_engine.errors import NotFound
 from context_engine.events import SESSION_ROLLED_BACK, Event, session_aggregate
 from context_engine.projections import queries
@@ -37,7 +37,7 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     org = principal.scope.org_id
     session_key = f"{org}/{command.session_id}"
 
-    async with rewritable_session(deps, principal, command.session_id) as (conn, _):
+    async with visible_session(deps, principal, command.session_id, require=require_rewritable) as (conn, _):
         if await queries.session_has_version(conn, org, command.session_id,
                                              command.target_version_hash) is None:
             raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",

@@ -48,25 +48,15 @@ def session_claimed_elsewhere(session_id: str) -> PermissionDenied:
 
 
 @contextlib.asynccontextmanager
-async def visible_session(deps, principal, session_id: str):
+async def visible_session(deps, principal, session_id: str, *, require=require_readable):
     """For commands about an existing session: wait for this process's writes to it, then yield
-    a read-only transaction (app.org_id set) and the session, or NOT_FOUND if the caller may not see it."""
+    a read-only transaction (app.org_id set) and the session, or NOT_FOUND if the caller may not see
+    it. `require=require_rewritable` for commands that rewrite it (PERMISSION_DENIED unless the
+    caller is its owner scope)."""
     org = principal.scope.org_id
     await deps.freshness.wait(f"{org}/{session_id}")
     async with org_transaction(deps.pool, org, readonly=True) as conn:
-        yield conn, require_readable(await queries.get_session(conn, org, session_id), principal.scope,
-                                     session_id)
-
-
-@contextlib.asynccontextmanager
-async def rewritable_session(deps, principal, session_id: str):
-    """`visible_session` for commands that rewrite the session: PERMISSION_DENIED unless the
-    caller is the session's owner scope."""
-    org = principal.scope.org_id
-    await deps.freshness.wait(f"{org}/{session_id}")
-    async with org_transaction(deps.pool, org, readonly=True) as conn:
-        yield conn, require_rewritable(await queries.get_session(conn, org, session_id), principal.scope,
-                                       session_id)
+        yield conn, require(await queries.get_session(conn, org, session_id), principal.scope, session_id)
 
 
 class SessionOwners:

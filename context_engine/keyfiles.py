@@ -31,9 +31,10 @@ def ensure(path: pathlib.Path, make: Callable[[], bytes]) -> bytes:
     return path.read_bytes()
 
 
-def replace(path: pathlib.Path, data: bytes) -> None:
-    """Give the file new contents (mode 0600): a reader sees the old file or the new, never a part."""
-    os.replace(_write_beside(path, data), path)
+def replace(path: pathlib.Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Give the file new contents (mode 0600, or `mode` for a file that holds no secret, a public
+    key): a reader sees the old file or the new, never a part."""
+    os.replace(_write_beside(path, data, mode), path)
 
 
 @contextlib.contextmanager
@@ -48,11 +49,13 @@ def locked(path: pathlib.Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _write_beside(path: pathlib.Path, data: bytes) -> pathlib.Path:
+def _write_beside(path: pathlib.Path, data: bytes, mode: int = 0o600) -> pathlib.Path:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode != 0o600:
+                os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

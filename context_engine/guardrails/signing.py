@@ -33,9 +33,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
-import os
 import pathlib
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +41,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from context_engine import keyfiles
 from context_engine.errors import InvalidArgument
 from context_engine.events import canonical_bytes
 from context_engine.hashing import is_sha256_hex, sha256_hex
@@ -149,18 +148,8 @@ def ensure_signing_key(path: pathlib.Path) -> Ed25519PrivateKey:
     first one's file wins and both use it. Its public half is (re)written beside it
     (`public_key_path`) whenever that file is missing or holds another key: the verifiers (the
     API, the worker) read only that file, never the private key."""
-    if not path.exists():
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        pem = Ed25519PrivateKey.generate().private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(pem)
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
+    keyfiles.ensure(path, lambda: Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     key = load_signing_key(path)
     write_public_key(path, key)
     return key
@@ -181,18 +170,7 @@ def write_public_key(private_path: pathlib.Path, key: Ed25519PrivateKey) -> path
     with contextlib.suppress(FileNotFoundError):
         if target.read_bytes() == pem:
             return target
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    keyfiles.replace(target, pem, mode=0o644)
     return target
 
 

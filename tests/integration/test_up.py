@@ -221,21 +221,23 @@ def search(port: int, metadata=None, org="acme") -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+def ingest_once(port: int, token: str, session_id: str, content: str) -> grpc.StatusCode:
+    """One IngestEvent into org acme on a channel of its own: its status code."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            context_pb2_grpc.ContextEngineStub(channel).IngestEvent(
+                pb.IngestEventRequest(scope=pb.ScopePath(org_id="acme"), session_id=session_id,
+                                      event_type="message", content=content.encode()),
+                metadata=(("authorization", f"Bearer {token}"),), timeout=30)
+        except grpc.RpcError as err:
+            return err.code()
+    return grpc.StatusCode.OK
+
+
 def ingest_at_once(port: int, token: str, n: int) -> list[grpc.StatusCode]:
     """`n` IngestEvents in one session, all in flight together; their status codes."""
-    def one(i: int) -> grpc.StatusCode:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            try:
-                context_pb2_grpc.ContextEngineStub(channel).IngestEvent(
-                    pb.IngestEventRequest(scope=pb.ScopePath(org_id="acme"), session_id="first-writes",
-                                          event_type="message", content=f"turn {i}".encode()),
-                    metadata=(("authorization", f"Bearer {token}"),), timeout=30)
-            except grpc.RpcError as err:
-                return err.code()
-        return grpc.StatusCode.OK
-
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        return list(pool.map(one, range(n)))
+        return list(pool.map(lambda i: ingest_once(port, token, "first-writes", f"turn {i}"), range(n)))
 
 
 def tally(codes: list[grpc.StatusCode]) -> str:
@@ -252,15 +254,10 @@ def seconds_until_acknowledged(port: int, token: str, since: float, up: "Up") ->
     done = threading.Event()
 
     def one(i: int) -> None:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            try:
-                context_pb2_grpc.ContextEngineStub(channel).IngestEvent(
-                    pb.IngestEventRequest(scope=pb.ScopePath(org_id="acme"), session_id="after-a-kill",
-                                          event_type="message", content=f"write {i}".encode()),
-                    metadata=(("authorization", f"Bearer {token}"),), timeout=30)
-            except grpc.RpcError as err:
-                failed.append(err.code())
-                return
+        code = ingest_once(port, token, "after-a-kill", f"write {i}")
+        if code != grpc.StatusCode.OK:
+            failed.append(code)
+            return
         acknowledged.append(time.monotonic())
         done.set()
 
