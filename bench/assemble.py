@@ -50,7 +50,7 @@ from tqdm import tqdm
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
-from context_engine.inference import tokens as tokens_mod
+from inference import tokens as tokens_mod
 
 from common import (Stack, add_load_options, drive_closed_loop, drive_open_loop, load_average, machine, measured,
                     one_at_a_time, percentile, print_stage_tables, spread_stub, stack_settings, wait_for_vectors,
@@ -104,7 +104,7 @@ def publish_layers(home: pathlib.Path, workdir: pathlib.Path) -> list[str]:
     for level, text in LAYERS.items():
         path = workdir / f"layer-{level}.txt"
         path.write_text(text, encoding="utf-8")
-        done = subprocess.run([sys.executable, "-m", "context_engine.cli", "guardrail", "publish", "--level",
+        done = subprocess.run([sys.executable, "-m", "context_engine", "guardrail", "publish", "--level",
                                str(level), *owners[level], "--file", str(path), "--data-dir", str(home),
                                "--timeout", "60s"], env=env, capture_output=True, text=True, timeout=180)
         if done.returncode != 0:

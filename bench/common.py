@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 import random
 from collections.abc import Awaitable
 
-import grpc
+from context_engine.embedded.process import disable_grpc_fork_handlers
+
+disable_grpc_fork_handlers()  # the bench scripts are entry points: before gRPC initialises
+import grpc  # noqa: E402
 from tqdm import tqdm
 from upsquad.context.v1 import context_pb2_grpc
 
@@ -95,7 +98,7 @@ class Stack:
         env["CONTEXT_ENGINE_LOG_LEVEL"] = "WARNING"
         env.update(settings or {})
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "context_engine.cli", "up", "--data-dir", str(home),
+            [sys.executable, "-m", "context_engine", "up", "--data-dir", str(home),
              "--api-port", str(self.api_port), "--detector-port", str(self.detector_port),
              "--api-processes", str(api_processes), "--metrics-port", str(self.metrics_port)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

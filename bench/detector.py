@@ -140,8 +140,8 @@ async def run_rpc(call, requests: list, *, concurrency: int, warmup: int) -> dic
 @contextlib.asynccontextmanager
 async def in_process(models_dir: pathlib.Path | None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     from context_engine.config import Settings
-    from context_engine.inference.detector.server import build_detector_server, start_detector
-    from context_engine.inference.detector.settings import DetectorSettings
+    from inference.detector.server import build_detector_server, start_detector
+    from inference.detector.settings import DetectorSettings
 
     settings = DetectorSettings(models_dir=models_dir) if models_dir else DetectorSettings()
     # The server requires a service token, as every detector does: one for this run (bench() sends it).

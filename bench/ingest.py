@@ -27,8 +27,8 @@ from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.auth import ensure_dev_key, mint_token
-from context_engine.streams.record_auth import Keyring, RecordVerifier
-from context_engine.streams.replay import create_database, read_archive, read_log, replay
+from streams.record_auth import Keyring, RecordVerifier
+from streams.replay import create_database, read_archive, read_log, replay
 
 from common import Histogram, ServerMetrics, Stack, add_setting_option, free_port, machine, percentile, stack_settings
 

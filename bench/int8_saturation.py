@@ -33,8 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from context_engine.inference.embedder import INT8_CHECK_TEXTS, INT8_MIN_COSINE, MiniLMEmbedder  # noqa: E402
-from context_engine.inference.int8_matmul import int8_matmul_model  # noqa: E402
+from inference.embedder import INT8_CHECK_TEXTS, INT8_MIN_COSINE, MiniLMEmbedder  # noqa: E402
+from inference.int8_matmul import int8_matmul_model  # noqa: E402
 
 
 def emulated(model: bytes, *, saturate: bool) -> bytes:

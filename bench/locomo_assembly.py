@@ -53,8 +53,8 @@ from tqdm import tqdm
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
-from context_engine.inference.tokens import count_tokens
-from context_engine.projections.retrieval.chunking import CHUNK_NAMESPACE
+from inference.tokens import count_tokens
+from projections.retrieval.chunking import CHUNK_NAMESPACE
 
 from common import (Conversation, Stack, add_locomo_options, call_with_retry, load_average, load_locomo, machine,
                     percentile, wait_for_vectors)

@@ -13,7 +13,7 @@ and maps results back to dia_ids through the chunk metadata.
 
 Plain rankers, in this process, on the same documents and questions:
   BM25   rank_bm25 BM25Okapi (k1 1.5, b 0.75, its own idf with epsilon floor) over the engine's
-         analyzer `context_engine.projections.retrieval.bm25.analyze` (NFKC + casefold, runs of
+         analyzer `projections.retrieval.bm25.analyze` (NFKC + casefold, runs of
          letters/digits, the engine's English stop-word list `bm25.STOP_WORDS` removed, no stemming);
   dense  MiniLM-L6 int8 (`MiniLMEmbedder`), cosine of the question against every turn of its
          conversation;
@@ -48,9 +48,9 @@ from tqdm import tqdm
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
-from context_engine.inference.embedder import MiniLMEmbedder
-from context_engine.inference.tokens import count_tokens
-from context_engine.projections.retrieval.bm25 import STOP_WORDS, analyze
+from inference.embedder import MiniLMEmbedder
+from inference.tokens import count_tokens
+from projections.retrieval.bm25 import STOP_WORDS, analyze
 
 from common import (Conversation, Question, RETRIES, Stack, add_locomo_options, call_with_retry, load_average,
                     load_locomo, machine, percentile, wait_for_vectors)
@@ -299,7 +299,7 @@ def main() -> None:
         print()
         print("\n".join(table(f"category {cat}", rows, len(selected))
                         + comparison(rows["engine Search"], {k: v for k, v in rows.items() if k != "engine Search"})))
-    print(f"\nBM25 analyzer: context_engine.projections.retrieval.bm25.analyze ({len(STOP_WORDS)} stop words)")
+    print(f"\nBM25 analyzer: projections.retrieval.bm25.analyze ({len(STOP_WORDS)} stop words)")
 
     if args.json:
         args.json.write_text(json.dumps({

@@ -23,9 +23,9 @@ from collections.abc import AsyncIterator
 
 from asyncpg.connection import Connection
 
-from context_engine.projections.records import LogRecord
-from context_engine.streams.replay import create_database, drop_database, read_archive, replay
-from context_engine.streams.topics import LogTopics
+from projections.records import LogRecord
+from streams.replay import create_database, drop_database, read_archive, replay
+from streams.topics import LogTopics
 from context_engine.config import Settings
 
 from common import Stack, load_average, machine, wait_quiet

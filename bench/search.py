@@ -52,7 +52,7 @@ from tqdm import tqdm
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
-from context_engine.inference.tokens import count_tokens
+from inference.tokens import count_tokens
 
 from common import (LOCOMO_DIR, RETRIES, Stack, add_load_options, call_with_retry, drive_closed_loop, drive_open_loop,
                     load_average, load_locomo, machine, measured, one_at_a_time, percentile, print_stage_tables,

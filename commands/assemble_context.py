@@ -18,24 +18,24 @@ import structlog
 
 from context_engine import validation
 from context_engine.auth import Principal
-from context_engine.commands.deps import Deps
-from context_engine.commands.session_access import require_readable
+from commands.deps import Deps
+from commands.session_access import require_readable
 from context_engine.concurrency import alongside
 from context_engine.errors import DomainError, FailedPrecondition, InvalidArgument, NotFound
 from context_engine.events import COMPACTION_THRESHOLD, Event, session_aggregate
 from context_engine.hashing import merkle_root, sha256_hex
-from context_engine.inference import tokens
+from inference import tokens
 from context_engine.metrics import timed
-from context_engine.projections import queries
-from context_engine.projections.database import org_transaction
+from projections import queries
+from projections.database import org_transaction
 from context_engine.guardrails.trust import trusted_fingerprints
-from context_engine.projections.guardrail_queries import current_layers
-from context_engine.projections.prompt_packing import Block, Packed, pack
-from context_engine.projections.pull_context import await_scan
-from context_engine.projections.retrieval.outcome import MAX_TOP_K, Outcome
-from context_engine.projections.search import MAX_QUERY_BYTES, SearchOutcome, SearchQuery, search
-from context_engine.streams.jobs import baseline_metric
-from context_engine.streams.topics import LogTopics
+from projections.guardrail_queries import current_layers
+from projections.prompt_packing import Block, Packed, pack
+from projections.pull_context import await_scan
+from projections.retrieval.outcome import MAX_TOP_K, Outcome
+from projections.search import MAX_QUERY_BYTES, SearchOutcome, SearchQuery, search
+from streams.jobs import baseline_metric
+from streams.topics import LogTopics
 from context_engine.visibility import Visibility
 
 log = structlog.get_logger("context_engine.assembly")

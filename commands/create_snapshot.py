@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from context_engine import clearance
 from context_engine.auth import Principal
 from context_engine import validation
-from context_engine.commands.deps import Deps
-from context_engine.commands.session_access import visible_session
+from commands.deps import Deps
+from commands.session_access import visible_session
 from context_engine.errors import AlreadyExists
 from context_engine.events import SNAPSHOT_CREATED, Event, session_aggregate
-from context_engine.projections import queries
+from projections import queries
 from context_engine.visibility import Visibility
-from context_engine.projections.database import org_transaction
+from projections.database import org_transaction
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,16 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from context_engine.commands.session_access import SessionOwners
-from context_engine.commands.write_budget import WriteBudget
+from commands.session_access import SessionOwners
+from commands.write_budget import WriteBudget
 from context_engine.config import Settings
 from context_engine.errors import DomainError, InvalidArgument, Unavailable
 from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, SESSION_ROLLED_BACK, SNAPSHOT_CREATED, Event
-from context_engine.inference.embedder import Embedder
-from context_engine.inference.query_vectors import QueryVectors
-from context_engine.projections.session_projector import REJECTED
-from context_engine.streams.freshness import SessionFreshness
-from context_engine.streams.log import ArchiveWatch, EventLog, RetryAdvice
+from inference.embedder import Embedder
+from inference.query_vectors import QueryVectors
+from projections.session_projector import REJECTED
+from streams.freshness import SessionFreshness
+from streams.log import ArchiveWatch, EventLog, RetryAdvice
 
 
 class EventRejected(InvalidArgument):

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 from pgvector import Vector
 
-from context_engine.commands.deps import Deps
+from commands.deps import Deps
 from context_engine.errors import InvalidArgument
 from context_engine.hashing import sha256_hex
-from context_engine.inference.embedder import Embedder
-from context_engine.projections.database import org_transaction
+from inference.embedder import Embedder
+from projections.database import org_transaction
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 

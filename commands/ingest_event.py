@@ -20,16 +20,16 @@ from dataclasses import dataclass
 
 from context_engine.auth import Principal
 from context_engine import validation
-from context_engine.commands.deps import Deps
-from context_engine.commands.write_budget import write_bytes
-from context_engine.commands.session_access import session_claimed_elsewhere
+from commands.deps import Deps
+from commands.write_budget import write_bytes
+from commands.session_access import session_claimed_elsewhere
 from context_engine.errors import FailedPrecondition, InvalidArgument
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
-from context_engine.inference.tokens import count_tokens
-from context_engine.projections import queries
-from context_engine.projections.database import org_transaction
-from context_engine.projections.session_projector import APPLIED, OUT_OF_SCOPE
+from inference.tokens import count_tokens
+from projections import queries
+from projections.database import org_transaction
+from projections.session_projector import APPLIED, OUT_OF_SCOPE
 
 EVENT_TYPES = ("message", "tool_output", "workflow_event")
 IDEMPOTENCY_HEADER = "idempotency-key"

@@ -37,17 +37,17 @@ from context_engine.guardrails.signing import (
     owner_level,
     sign_layer,
 )
-from context_engine.projections.database import org_transaction, set_config_sql
-from context_engine.projections.guardrail_projection import APPLIED, REJECTED_UNTRUSTED_KEY
-from context_engine.projections.guardrail_queries import (
+from projections.database import org_transaction, set_config_sql
+from projections.guardrail_projection import APPLIED, REJECTED_UNTRUSTED_KEY
+from projections.guardrail_queries import (
     GuardrailLayerRow,
     current_layer,
     current_layers,
     published_layer,
 )
 from context_engine.scope import Scope
-from context_engine.streams.log import ARCHIVED_CHANNEL
-from context_engine.streams.record_auth import RecordSigner
+from streams.log import ARCHIVED_CHANNEL
+from streams.record_auth import RecordSigner
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 REJECTED_SET_ASIDE = "REJECTED"  # the session projector's outcome for a record it set aside
@@ -154,7 +154,7 @@ async def append_layer(event: Event, *, pool: asyncpg.Pool, bootstrap: str, topi
     within `timeout`."""
     deadline = time.monotonic() + timeout
     if partitions is not None:  # create the topic with its configured count if it is missing
-        from context_engine.streams.topics import ensure_topics
+        from streams.topics import ensure_topics
 
         await ensure_topics(bootstrap, {topic: partitions}, timeout=max(1.0, deadline - time.monotonic()),
                             security=security)

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 
 from context_engine.auth import Principal
 from context_engine import validation
-from context_engine.commands.deps import Deps
-from context_engine.commands.write_budget import write_bytes
-from context_engine.commands.ingest_event import event_key, first_with_id, idempotency_key, key_reused
-from context_engine.commands.session_access import session_claimed_elsewhere
+from commands.deps import Deps
+from commands.write_budget import write_bytes
+from commands.ingest_event import event_key, first_with_id, idempotency_key, key_reused
+from commands.session_access import session_claimed_elsewhere
 from context_engine.events import MEMORY_PUSHED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
-from context_engine.projections import queries
-from context_engine.projections.database import org_transaction
-from context_engine.projections.session_projector import APPLIED, OUT_OF_SCOPE
+from projections import queries
+from projections.database import org_transaction
+from projections.session_projector import APPLIED, OUT_OF_SCOPE
 from context_engine.scope import Scope
 
 MEMORY_TYPES = ("episodic", "semantic", "working")

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from context_engine import clearance
 from context_engine.auth import Principal
 from context_engine import validation
-from context_engine.commands.deps import Deps
-from context_engine.commands.session_access import require_rewritable, session_claimed_elsewhere, visible_session
+from commands.deps import Deps
+from commands.session_access import require_rewritable, session_claimed_elsewhere, visible_session
 from context_engine.errors import NotFound
 from context_engine.events import SESSION_ROLLED_BACK, Event, session_aggregate
-from context_engine.projections import queries
-from context_engine.projections.session_projector import OUT_OF_SCOPE, UNKNOWN_TARGET
+from projections import queries
+from projections.session_projector import OUT_OF_SCOPE, UNKNOWN_TARGET
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from collections import OrderedDict
 import asyncpg
 
 from context_engine.errors import NotFound, PermissionDenied
-from context_engine.projections import queries
-from context_engine.projections.database import org_transaction
+from projections import queries
+from projections.database import org_transaction
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility, may_rewrite
 

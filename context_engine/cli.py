@@ -14,9 +14,9 @@ from typing import Annotated, Optional
 import typer
 
 from context_engine.config import ENV_PREFIX, Settings
-from context_engine.inference.detector.cli import ModelsDir as _ModelsDir
-from context_engine.inference.detector.cli import models_app as _models_app
-from context_engine.inference.detector.cli import status as _detector_models_status
+from inference.detector.cli import ModelsDir as _ModelsDir
+from inference.detector.cli import models_app as _models_app
+from inference.detector.cli import status as _detector_models_status
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Context Engine: event-sourced context and memory for LLM agents.")
@@ -35,7 +35,7 @@ def _embedder_status(settings: Settings) -> dict[str, object]:
     its int8 self-check says which products this CPU computes with."""
     if settings.embedder == "openai":
         return {"model": settings.embedder_model, "embedder": "openai", "url": settings.embedder_url}
-    from context_engine.inference.embedder import MiniLMEmbedder
+    from inference.embedder import MiniLMEmbedder
 
     row: dict[str, object] = {"model": "all-MiniLM-L6-v2", "embedder": "minilm"}
     try:
@@ -110,7 +110,7 @@ def _stack_settings(data_dir: pathlib.Path | None) -> Settings:
 async def admin_pool(settings: Settings):
     """One admin connection for a command run beside the stack (RLS still applies: every query
     sets app.org_id)."""
-    from context_engine.projections.database import create_pool
+    from projections.database import create_pool
 
     pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
     try:
@@ -205,7 +205,7 @@ def serve_api(
 @serve_app.command("detector")
 def serve_detector(data_dir: DataDir = None) -> None:
     """Serve upsquad.ml.v1.MLDetectorService."""
-    from context_engine.inference.detector.server import run_detector
+    from inference.detector.server import run_detector
     from context_engine.logs import configure_logging
 
     settings = _settings(home=data_dir)
@@ -219,10 +219,10 @@ SourceOption = Annotated[Optional[str], typer.Option(
 
 
 def _records(settings: Settings, source_name: str | None, on_total, on_refused=None):
-    from context_engine.streams.kafka_security import client_security
-    from context_engine.streams.record_auth import verifier_from_settings
-    from context_engine.streams.replay import source
-    from context_engine.streams.topics import LogTopics
+    from streams.kafka_security import client_security
+    from streams.record_auth import verifier_from_settings
+    from streams.replay import source
+    from streams.topics import LogTopics
 
     name = source_name or ("archive" if settings.restore_log_from_archive else "log")
     return source(name, bootstrap=settings.kafka_bootstrap, topic=LogTopics.from_settings(settings).events,
@@ -238,7 +238,7 @@ def replay(
     data_dir: DataDir = None,
 ) -> None:
     """Rebuild every read model from the log into an empty database."""
-    from context_engine.streams.replay import create_database, replay as run_replay
+    from streams.replay import create_database, replay as run_replay
 
     settings = _stack_settings(data_dir)
     refused: list = []
@@ -266,10 +266,10 @@ def verify(source_name: SourceOption = None, data_dir: DataDir = None) -> None:
 
     Records on the log that no trusted writer signed are listed apart, by position: the worker
     refused them, so they are no difference (the exit status counts differences only)."""
-    from context_engine.streams.kafka_security import client_security
-    from context_engine.streams.record_auth import verifier_from_settings
-    from context_engine.streams.replay import read_log, verify as run_verify
-    from context_engine.streams.topics import LogTopics
+    from streams.kafka_security import client_security
+    from streams.record_auth import verifier_from_settings
+    from streams.replay import read_log, verify as run_verify
+    from streams.topics import LogTopics
 
     settings = _stack_settings(data_dir)
     topic = LogTopics.from_settings(settings).events
@@ -310,12 +310,12 @@ def reindex(
     """Re-embed a scope's chunks with the running embedder (after a model change)."""
     import time
 
-    from context_engine.inference.embedder import embedder_from_settings
+    from inference.embedder import embedder_from_settings
     from context_engine.scope import Scope
-    from context_engine.streams import reindex as reindexing
-    from context_engine.streams.kafka_security import client_security
-    from context_engine.streams.record_auth import signer_from_settings
-    from context_engine.streams.topics import LogTopics
+    from streams import reindex as reindexing
+    from streams.kafka_security import client_security
+    from streams.record_auth import signer_from_settings
+    from streams.topics import LogTopics
 
     settings = _stack_settings(data_dir)
     scope = Scope.parse(org, pillar, team, agent)
@@ -362,10 +362,10 @@ def pii_rescan(
     """Scan quarantined memory again; with a healthy detector it becomes searchable."""
     from tqdm import tqdm
 
-    from context_engine.streams import pii_rescan as rescan
-    from context_engine.streams.kafka_security import client_security
-    from context_engine.streams.record_auth import signer_from_settings
-    from context_engine.streams.topics import LogTopics
+    from streams import pii_rescan as rescan
+    from streams.kafka_security import client_security
+    from streams.record_auth import signer_from_settings
+    from streams.topics import LogTopics
 
     settings = _stack_settings(data_dir)
     limit = parse_duration(timeout).total_seconds()
@@ -398,7 +398,7 @@ def stats_savings(
 ) -> None:
     """Token savings of AssembleContext against the naive prompt, per org and model, from the
     sampled calls (BaselineMetricEvent)."""
-    from context_engine.projections.savings_projection import savings
+    from projections.savings_projection import savings
 
     settings = _stack_settings(data_dir)
 
@@ -420,7 +420,7 @@ def stats_savings(
 def worker(data_dir: DataDir = None) -> None:
     """Run the stream workers (the Faust app) against the configured broker."""
     from context_engine.logs import configure_logging
-    from context_engine.streams.app import run_worker
+    from streams.app import run_worker
 
     settings = _settings(home=data_dir)
     if not settings.kafka_bootstrap:
@@ -450,13 +450,13 @@ def guardrail_publish(
     data_dir: DataDir = None,
 ) -> None:
     """Sign a guardrail layer, append it to the log, and wait until it is the current version."""
-    from context_engine.commands import publish_guardrail as pg
+    from commands import publish_guardrail as pg
     from context_engine.errors import InvalidArgument
     from context_engine.guardrails.signing import ensure_signing_key, layer_scope, load_signing_key, operator_key_path
     from context_engine.guardrails.trust import GuardrailTrustUnavailable, trusted_fingerprints
-    from context_engine.streams.kafka_security import client_security
-    from context_engine.streams.record_auth import signer_from_settings
-    from context_engine.streams.topics import LogTopics
+    from streams.kafka_security import client_security
+    from streams.record_auth import signer_from_settings
+    from streams.topics import LogTopics
 
     try:
         command = pg.PublishGuardrail(level, layer_scope(level, org, pillar, team, agent),
@@ -503,7 +503,7 @@ def guardrail_list(
     data_dir: DataDir = None,
 ) -> None:
     """Print the current layers a caller at this scope gets, L1 first."""
-    from context_engine.commands import publish_guardrail as pg
+    from commands import publish_guardrail as pg
     from context_engine.errors import InvalidArgument
     from context_engine.guardrails.trust import GuardrailTrustUnavailable, trusted_fingerprints
     from context_engine.scope import Scope
@@ -579,7 +579,7 @@ def keys_rotate_log_key(
 ) -> None:
     """Add a new key to the log keyring, signing from now (or after --activate-in). Older keys keep
     verifying until retired; running processes follow the file (producers within a second)."""
-    from context_engine.streams import record_auth
+    from streams import record_auth
 
     path = _settings(home=data_dir).log_keyring_path
     try:
@@ -596,7 +596,7 @@ def keys_retire_log_key(
 ) -> None:
     """Remove a key from the log keyring: records it signed are refused from then on (the key that
     signs now cannot be retired; rotate first). Waits until the newer key has signed for a few seconds."""
-    from context_engine.streams import record_auth
+    from streams import record_auth
 
     path = _settings(home=data_dir).log_keyring_path
     try:
@@ -610,7 +610,7 @@ def keys_retire_log_key(
 @keys_app.command("list-log-keys")
 def keys_list_log_keys(data_dir: DataDir = None) -> None:
     """Show the log keyring's keys (ids and times, never the secrets)."""
-    from context_engine.streams import record_auth
+    from streams import record_auth
 
     path = _settings(home=data_dir).log_keyring_path
     try:
@@ -628,6 +628,3 @@ def keys_list_log_keys(data_dir: DataDir = None) -> None:
 def main() -> None:
     app()
 
-
-if __name__ == "__main__":
-    main()

@@ -35,11 +35,11 @@ from context_engine.auth import ensure_dev_key, ensure_secret
 from context_engine.config import ENV_PREFIX, Settings
 from context_engine.embedded.process import child_preexec
 from context_engine.guardrails.signing import ensure_signing_key, operator_key_path
-from context_engine.inference.detector.token import service_token as detector_service_token
-from context_engine.projections.migrate import migrate
-from context_engine.streams import readiness
-from context_engine.streams.kafka_security import client_security
-from context_engine.streams.topics import LogTopics, ensure_topics
+from inference.detector.token import service_token as detector_service_token
+from projections.migrate import migrate
+from streams import readiness
+from streams.kafka_security import client_security
+from streams.topics import LogTopics, ensure_topics
 
 DATABASE_NAME = "context_engine"
 # The detector reaches neither PostgreSQL nor the broker, and signs nothing: it is given none of
@@ -77,7 +77,7 @@ class Child:
     def start(self, env: dict[str, str]) -> None:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "context_engine.cli", *self.args],
+            [sys.executable, "-m", "context_engine", *self.args],
             env={k: v for k, v in env.items() if not (self.withheld and self.withheld.fullmatch(k))},
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=child_preexec(own_process_group=True))

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from context_engine.inference.embedder import Embedder
+from inference.embedder import Embedder
 
 
 class CoalescingEmbedder:

@@ -23,7 +23,7 @@ import numpy as np
 import structlog
 
 from context_engine.errors import DomainError, Unavailable
-from context_engine.inference.int8_matmul import int8_matmul_model
+from inference.int8_matmul import int8_matmul_model
 from context_engine.metrics import record_embedder_matmul
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Async client for `upsquad.ml.v1.MLDetectorService.DetectPII` (the ML half of PII redaction).
 
 The detector answers `person | dob | address` spans on UTF-8 **byte** offsets; national IDs are
-found by the engine itself (`context_engine.inference.natid`). Every way the call can go wrong,
+found by the engine itself (`inference.natid`). Every way the call can go wrong,
 a gRPC status (UNAVAILABLE when the canary fails or no weights are loaded, DEADLINE_EXCEEDED,
 a refused connection, UNAUTHENTICATED ...) or a response that breaks the contract, raises
 `DetectorError`; callers fall back to regex detection and quarantine (`pii_scrub`).
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from context_engine.inference.detector.settings import GLINER_NAME
-from context_engine.inference.detector.token import service_token
+from inference.detector.settings import GLINER_NAME
+from inference.detector.token import service_token
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 if TYPE_CHECKING:

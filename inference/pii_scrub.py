@@ -2,7 +2,7 @@
 
 Every string leaf of JSON content (the whole text otherwise) is scanned by two detectors:
 
-- national identifiers by format + checksum, always run here (`context_engine.inference.natid`),
+- national identifiers by format + checksum, always run here (`inference.natid`),
   reported as class ``national_id`` with the natid kind in ``Span.source`` (``natid:ie_ppsn``);
 - the ML detector (DetectPII: ``person``, ``dob``, ``address``), reached through the `detect`
   callable, normally `PiiClient.detect`.
@@ -55,8 +55,8 @@ from typing import Any, Literal
 
 import orjson
 
-from context_engine.inference import natid
-from context_engine.inference.pii_client import DetectorError, PiiDetection
+from inference import natid
+from inference.pii_client import DetectorError, PiiDetection
 
 __all__ = [
     "ADDRESS",

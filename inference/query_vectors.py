@@ -21,7 +21,7 @@ import hashlib
 import cachetools
 import numpy as np
 
-from context_engine.inference.embedder import Embedder
+from inference.embedder import Embedder
 from context_engine.metrics import QUERY_VECTORS
 
 Key = tuple[str, bytes]

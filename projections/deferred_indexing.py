@@ -39,7 +39,7 @@ from concurrent.futures import Executor
 import asyncpg
 import orjson
 
-from context_engine.projections.chunk_projection import ChunkProjection, analysed_chunks
+from projections.chunk_projection import ChunkProjection, analysed_chunks
 
 _SOURCES = {
     "event": ("session_events", "event_id", "e.occurred_at", "'clear'"),

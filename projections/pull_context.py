@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from context_engine import validation
 from context_engine.auth import Principal
 from context_engine.errors import InvalidArgument, NotFound, Unavailable
-from context_engine.projections import queries
-from context_engine.projections.database import org_transaction
-from context_engine.streams.freshness import SessionFreshness
+from projections import queries
+from projections.database import org_transaction
+from streams.freshness import SessionFreshness
 from context_engine.visibility import Visibility
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from context_engine.projections.database import org_transaction
+from projections.database import org_transaction
 
 
 @dataclass(frozen=True)

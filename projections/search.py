@@ -43,10 +43,10 @@ import orjson
 from context_engine import validation
 from context_engine.concurrency import alongside
 from context_engine.errors import InvalidArgument
-from context_engine.inference.query_vectors import QueryVectors
+from inference.query_vectors import QueryVectors
 from context_engine.metrics import RETRIEVAL_PASSES, timed
-from context_engine.projections.database import org_transaction
-from context_engine.projections.retrieval.bm25 import (
+from projections.database import org_transaction
+from projections.retrieval.bm25 import (
     B,
     K1,
     CorpusStats,
@@ -54,9 +54,9 @@ from context_engine.projections.retrieval.bm25 import (
     minimum_should_match,
     query_idf_mass,
 )
-from context_engine.projections.retrieval.confidence_gate import Pool, retrieve_with_gate_async
-from context_engine.projections.retrieval.fusion import HYBRID, ScoredCandidate
-from context_engine.projections.retrieval.outcome import RetrievalResult, classify_ranked, resolve_min_score, resolve_top_k
+from projections.retrieval.confidence_gate import Pool, retrieve_with_gate_async
+from projections.retrieval.fusion import HYBRID, ScoredCandidate
+from projections.retrieval.outcome import RetrievalResult, classify_ranked, resolve_min_score, resolve_top_k
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 

@@ -113,13 +113,13 @@ from context_engine.events import (
 from context_engine.errors import InvalidArgument, unavailable_cause
 from context_engine.guardrails.signing import PLATFORM_ORG
 from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
-from context_engine.projections.database import require_standard_strings, set_config_sql, sql_literal
+from projections.database import require_standard_strings, set_config_sql, sql_literal
 from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
 from context_engine.scope import Scope
 from context_engine.visibility import may_rewrite
 from context_engine.validation import is_canonical_uuid, is_identifier
 
-from context_engine.streams.jobs import JobMessage, compaction_job, embedding_job, indexing_job, pii_scan_job
+from streams.jobs import JobMessage, compaction_job, embedding_job, indexing_job, pii_scan_job
 
 from .chunk_projection import SEMANTIC, BulkLoad, ChunkProjection
 from .guardrail_projection import apply_guardrail_published, refuse_layers

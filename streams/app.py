@@ -50,27 +50,27 @@ from context_engine.concurrency import background_thread
 from context_engine.guardrails.trust import load_trust
 from context_engine.config import Settings
 from context_engine.events import EMBEDDING_RECORDED, Event
-from context_engine.inference.embedder import embedder_from_settings
+from inference.embedder import embedder_from_settings
 from context_engine.metrics import LOG_RECORDS_REFUSED, PROJECTOR_BATCH_EVENTS, PROJECTOR_BATCH_SECONDS, serve_metrics
-from context_engine.projections import deferred_indexing
-from context_engine.projections.database import create_pool, transaction_state_only
-from context_engine.projections.records import LogRecord
-from context_engine.projections.session_projector import APPLIED, Applied, apply_batch, is_infrastructure_failure
-from context_engine.streams import readiness
-from context_engine.streams.embedding_pipeline import EmbeddingPipeline
-from context_engine.streams.fetch_wait import AdaptiveFetchWait
-from context_engine.inference.pii_client import PiiClient
-from context_engine.projections.savings_projection import apply_samples
+from projections import deferred_indexing
+from projections.database import create_pool, transaction_state_only
+from projections.records import LogRecord
+from projections.session_projector import APPLIED, Applied, apply_batch, is_infrastructure_failure
+from streams import readiness
+from streams.embedding_pipeline import EmbeddingPipeline
+from streams.fetch_wait import AdaptiveFetchWait
+from inference.pii_client import PiiClient
+from projections.savings_projection import apply_samples
 from context_engine.scope import Scope
-from context_engine.streams.jobs import (baseline_sample, embedding_job, open_envelope, open_indexing_job,
+from streams.jobs import (baseline_sample, embedding_job, open_envelope, open_indexing_job,
                                          open_pii_scan_job, scope_of)
-from context_engine.streams.pii_scanner import PiiScanner
-from context_engine.streams.kafka_security import client_security, faust_credentials
-from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
-from context_engine.streams.record_auth import Keyring, RecordSigner, RecordVerifier, Refusal
-from context_engine.streams.topics import LogTopics, ensure_topics
-from context_engine.streams.vector_assigner import VectorAssigner
-from context_engine.streams.windowed_stream import WindowedStream
+from streams.pii_scanner import PiiScanner
+from streams.kafka_security import client_security, faust_credentials
+from streams.log import ARCHIVED_CHANNEL, archived_payloads
+from streams.record_auth import Keyring, RecordSigner, RecordVerifier, Refusal
+from streams.topics import LogTopics, ensure_topics
+from streams.vector_assigner import VectorAssigner
+from streams.windowed_stream import WindowedStream
 
 log = structlog.get_logger("context_engine.worker")
 

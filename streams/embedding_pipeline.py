@@ -27,10 +27,10 @@ import numpy as np
 import structlog
 
 from context_engine.events import EMBEDDING_RECORDED, Event, embedding_aggregate
-from context_engine.inference.embedder import Embedder
+from inference.embedder import Embedder
 from context_engine.metrics import EMBEDDED_TEXTS, EMBEDDING_BATCH_SECONDS
-from context_engine.projections.chunk_projection import vector_to_b64
-from context_engine.projections.database import org_transaction
+from projections.chunk_projection import vector_to_b64
+from projections.database import org_transaction
 from context_engine.scope import Scope
 
 log = structlog.get_logger("context_engine.embedding")

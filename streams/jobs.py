@@ -19,9 +19,9 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from upsquad.context.v1 import context_pb2, stream_pb2
 
-from context_engine.projections.savings_projection import Sample
+from projections.savings_projection import Sample
 from context_engine.scope import Scope
-from context_engine.streams.record_auth import RecordSigner
+from streams.record_auth import RecordSigner
 
 
 def scope_path(scope: Scope) -> context_pb2.ScopePath:

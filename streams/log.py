@@ -27,8 +27,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from context_engine.errors import InvalidArgument, Unavailable
 from context_engine.events import Event
 from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
-from context_engine.streams.record_auth import RecordSigner
-from context_engine.streams.topics import LogTopics
+from streams.record_auth import RecordSigner
+from streams.topics import LogTopics
 
 log = structlog.get_logger("context_engine.log")
 

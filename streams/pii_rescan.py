@@ -16,11 +16,11 @@ from typing import Any
 
 import asyncpg
 
-from context_engine.projections.database import org_transaction
+from projections.database import org_transaction
 from context_engine.scope import Scope
-from context_engine.streams.jobs import pii_scan_job, publish
-from context_engine.streams.record_auth import RecordSigner
-from context_engine.streams.topics import LogTopics
+from streams.jobs import pii_scan_job, publish
+from streams.record_auth import RecordSigner
+from streams.topics import LogTopics
 
 SYSTEM_ORG = "_system"
 

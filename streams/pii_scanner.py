@@ -26,9 +26,9 @@ import asyncpg
 import structlog
 
 from context_engine.events import MEMORY_SCRUBBED, Event, decode
-from context_engine.inference import pii_scrub
-from context_engine.inference.pii_client import PiiClient
-from context_engine.projections.database import org_transaction
+from inference import pii_scrub
+from inference.pii_client import PiiClient
+from projections.database import org_transaction
 
 log = structlog.get_logger("context_engine.pii")
 

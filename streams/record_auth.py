@@ -56,7 +56,7 @@ import structlog
 from aiokafka.partitioner import murmur2
 
 from context_engine import keyfiles
-from context_engine.streams.topics import LogTopics
+from streams.topics import LogTopics
 
 log = structlog.get_logger("context_engine.record_auth")
 

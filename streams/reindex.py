@@ -15,11 +15,11 @@ from typing import Any
 
 import asyncpg
 
-from context_engine.projections.database import org_transaction
+from projections.database import org_transaction
 from context_engine.scope import Scope
-from context_engine.streams.jobs import publish, reindex_job
-from context_engine.streams.record_auth import RecordSigner
-from context_engine.streams.topics import LogTopics
+from streams.jobs import publish, reindex_job
+from streams.record_auth import RecordSigner
+from streams.topics import LogTopics
 
 _IN_SCOPE = "org_id = $1 AND (scope_path = $2 OR starts_with(scope_path, $2 || '/'))"
 

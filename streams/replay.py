@@ -38,14 +38,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from context_engine.events import GUARDRAIL_PUBLISHED
 from context_engine.hashing import sha256_hex
-from context_engine.projections.database import create_pool
-from context_engine.projections.deferred_indexing import MAX_ATTEMPTS
-from context_engine.projections.migrate import migrate
-from context_engine.projections.records import LogRecord
-from context_engine.projections.chunk_projection import BulkLoad, assign_recorded_vectors, recount_statistics
-from context_engine.projections.guardrail_projection import refused_on_the_log
-from context_engine.projections.session_projector import SYSTEM_ORG, apply_batch, claimed_identity
-from context_engine.streams.record_auth import RecordVerifier
+from projections.database import create_pool
+from projections.deferred_indexing import MAX_ATTEMPTS
+from projections.migrate import migrate
+from projections.records import LogRecord
+from projections.chunk_projection import BulkLoad, assign_recorded_vectors, recount_statistics
+from projections.guardrail_projection import refused_on_the_log
+from projections.session_projector import SYSTEM_ORG, apply_batch, claimed_identity
+from streams.record_auth import RecordVerifier
 
 BATCH = 2000
 # maintenance_work_mem of the index builds at the end. pgvector builds an HNSW graph much faster

@@ -26,9 +26,9 @@ import asyncpg
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from context_engine.streams.log import producer_request_bytes
-from context_engine.streams.record_auth import RecordSigner
-from context_engine.streams.topics import TOPIC_MAX_MESSAGE_BYTES
+from streams.log import producer_request_bytes
+from streams.record_auth import RecordSigner
+from streams.topics import TOPIC_MAX_MESSAGE_BYTES
 
 log = structlog.get_logger("context_engine.restore")
 

@@ -25,9 +25,9 @@ import asyncpg
 import structlog
 
 from context_engine.metrics import VECTOR_ASSIGNMENT_SECONDS, VECTOR_ASSIGNMENTS_WAITING
-from context_engine.projections.chunk_projection import assign_vectors_recorded_by, pending_vector_assignments
-from context_engine.projections.database import org_transaction
-from context_engine.projections.session_projector import SYSTEM_ORG
+from projections.chunk_projection import assign_vectors_recorded_by, pending_vector_assignments
+from projections.database import org_transaction
+from projections.session_projector import SYSTEM_ORG
 
 log = structlog.get_logger("context_engine.vectors")
 

@@ -1,5 +1,7 @@
-# First, before any test module or fixture imports grpc: importing the package turns gRPC core's
-# fork handlers off, which only takes effect before gRPC initialises (context_engine/__init__.py).
-import context_engine  # noqa: F401  isort: skip
+# First, before any test module or fixture imports grpc: the suite is an entry point too, and gRPC
+# core's fork handlers are turned off only before gRPC initialises (context_engine/embedded/process.py).
+from context_engine.embedded.process import disable_grpc_fork_handlers
+
+disable_grpc_fork_handlers()
 
 pytest_plugins = ["tests.fixtures.infra", "tests.fixtures.engine"]

@@ -14,23 +14,23 @@ from context_engine.api.context_servicer import ContextEngineServicer
 from context_engine.api.interceptors import Authentication, ErrorsAndAccessLog
 from context_engine.api.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
 from context_engine.auth import TokenVerifier
-from context_engine.commands.deps import Deps
-from context_engine.commands.write_budget import WriteBudget
-from context_engine.commands.session_access import SessionOwners
+from commands.deps import Deps
+from commands.write_budget import WriteBudget
+from commands.session_access import SessionOwners
 from context_engine.config import Settings
-from context_engine.inference.coalescing_embedder import CoalescingEmbedder
-from context_engine.inference.query_vectors import QueryVectors
-from context_engine.inference.embedder import embedder_from_settings
+from inference.coalescing_embedder import CoalescingEmbedder
+from inference.query_vectors import QueryVectors
+from inference.embedder import embedder_from_settings
 from context_engine.metrics import serve_metrics
-from context_engine.projections.database import create_pool
-from context_engine.projections.migrate import APP_ROLE, app_url
-from context_engine.streams import readiness
-from context_engine.streams.freshness import SessionFreshness
-from context_engine.streams.kafka_security import client_security
-from context_engine.streams.log import ArchiveWatch, EventLog, record_bytes_limit
-from context_engine.streams.record_auth import signer_from_settings
-from context_engine.streams.restore import restore_if_behind
-from context_engine.streams.topics import LogTopics, ensure_topics
+from projections.database import create_pool
+from projections.migrate import APP_ROLE, app_url
+from streams import readiness
+from streams.freshness import SessionFreshness
+from streams.kafka_security import client_security
+from streams.log import ArchiveWatch, EventLog, record_bytes_limit
+from streams.record_auth import signer_from_settings
+from streams.restore import restore_if_behind
+from streams.topics import LogTopics, ensure_topics
 
 log = structlog.get_logger("context_engine.api")
 

@@ -14,20 +14,20 @@ from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine import validation
 from context_engine.api.interceptors import current_principal, metadata_value
-from context_engine.commands.assemble_context import AssembleContext, assemble_context
-from context_engine.commands.create_snapshot import CreateSnapshot, create_snapshot
-from context_engine.commands.deps import Deps
-from context_engine.commands.ingest_event import IngestEvent, ingest_event
-from context_engine.commands.push_context import PushContext, push_context
-from context_engine.commands.rollback_context import RollbackContext, rollback_context
+from commands.assemble_context import AssembleContext, assemble_context
+from commands.create_snapshot import CreateSnapshot, create_snapshot
+from commands.deps import Deps
+from commands.ingest_event import IngestEvent, ingest_event
+from commands.push_context import PushContext, push_context
+from commands.rollback_context import RollbackContext, rollback_context
 from context_engine.errors import InvalidArgument, Unimplemented
-from context_engine.commands.embed_texts import EmbedTexts, embed_texts
-from context_engine.projections.database import org_transaction
+from commands.embed_texts import EmbedTexts, embed_texts
+from projections.database import org_transaction
 from context_engine.guardrails.trust import load_trust, trusted_fingerprints
-from context_engine.projections.guardrail_queries import current_layers, layers_by_hash
-from context_engine.projections.prompt_validation import validate_prompt
-from context_engine.projections.pull_context import PullContext, pull_context
-from context_engine.projections.search import SearchQuery, search
+from projections.guardrail_queries import current_layers, layers_by_hash
+from projections.prompt_validation import validate_prompt
+from projections.pull_context import PullContext, pull_context
+from projections.search import SearchQuery, search
 
 IDEMPOTENCY_HEADER = "idempotency-key"
 

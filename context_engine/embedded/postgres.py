@@ -37,7 +37,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from context_engine.auth import ensure_secret
 from context_engine.embedded.process import _alive, child_preexec, free_port, kill_tree, log_tail
-from context_engine.projections.migrate import scram_verifier
+from projections.migrate import scram_verifier
 
 SYSTEM_USER = "embedded_postgres"
 SUPERUSER = "postgres"

@@ -11,6 +11,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+
+def disable_grpc_fork_handlers() -> None:
+    """gRPC core's fork handlers restart its epoll poller thread in a forked child; when
+    subprocess then closes inherited descriptors before exec, that thread hits EBADF and aborts
+    the child (grpc/grpc#43055). The engine forks only to exec (the embedded PostgreSQL, the
+    broker, workers), so the handlers buy nothing. gRPC reads the setting once, when it
+    initialises: call this before anything imports grpc. An explicit setting in the environment wins."""
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 _PR_SET_PDEATHSIG = 1
 
 

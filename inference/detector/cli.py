@@ -28,7 +28,7 @@ Force = Annotated[bool, typer.Option("--force", help="Replace an installed model
 def _models_dir(option: pathlib.Path | None) -> pathlib.Path:
     if option is not None:
         return option
-    from context_engine.inference.detector.settings import DetectorSettings
+    from inference.detector.settings import DetectorSettings
 
     return DetectorSettings().models_root
 
@@ -54,8 +54,8 @@ def import_prompt_guard(
     force: Force = False,
 ) -> None:
     """Install Prompt-Guard-86M as <models-dir>/prompt-guard-86m (ONNX + tokenizer.json + manifest)."""
-    from context_engine.inference.detector.importer import ImportFailed
-    from context_engine.inference.detector.importer import import_prompt_guard as run
+    from inference.detector.importer import ImportFailed
+    from inference.detector.importer import import_prompt_guard as run
 
     try:
         dest = run(source, _models_dir(models_dir), revision=revision, source_name=name, max_length=max_length,
@@ -80,8 +80,8 @@ def import_gliner(
     force: Force = False,
 ) -> None:
     """Install a GLiNER model as <models-dir>/gliner-small-v2.1 (self-contained copy + manifest)."""
-    from context_engine.inference.detector.importer import ImportFailed
-    from context_engine.inference.detector.importer import import_gliner as run
+    from inference.detector.importer import ImportFailed
+    from inference.detector.importer import import_gliner as run
 
     try:
         dest = run(source, _models_dir(models_dir), revision=revision, source_name=name, backbone=backbone,
@@ -94,11 +94,11 @@ def import_gliner(
 @models_app.command("status")
 def status(models_dir: ModelsDir = None) -> None:
     """Show, as JSON lines, which detector models are installed and where the service looks."""
-    from context_engine.inference.detector.importer import model_status
-    from context_engine.inference.detector.settings import DetectorSettings
+    from inference.detector.importer import model_status
+    from inference.detector.settings import DetectorSettings
 
     settings = DetectorSettings(models_dir=models_dir) if models_dir else DetectorSettings()
-    from context_engine.inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
+    from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
 
     for row in model_status([(PROMPT_GUARD_NAME, settings.prompt_guard_path),
                              (GLINER_NAME, settings.gliner_path)]):

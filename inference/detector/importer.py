@@ -28,8 +28,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from context_engine.inference.detector import gliner_pii, prompt_guard
-from context_engine.inference.detector.settings import (
+from inference.detector import gliner_pii, prompt_guard
+from inference.detector.settings import (
     DEFAULT_CANARY_EXPECT,
     DEFAULT_CANARY_TEXT,
     GLINER_NAME,

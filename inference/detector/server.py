@@ -21,9 +21,9 @@ import structlog
 from context_engine.api.interceptors import ErrorsAndAccessLog, ServiceToken
 from context_engine.api.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
 from context_engine.config import Settings
-from context_engine.inference.detector.service import MODEL_NAMES, SERVICE_NAME, DetectorServicer
-from context_engine.inference.detector.settings import DetectorSettings
-from context_engine.inference.detector.token import service_token
+from inference.detector.service import MODEL_NAMES, SERVICE_NAME, DetectorServicer
+from inference.detector.settings import DetectorSettings
+from inference.detector.token import service_token
 from upsquad.ml.v1 import detector_pb2_grpc
 
 log = structlog.get_logger("context_engine.detector")

@@ -23,8 +23,8 @@ import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from context_engine import errors
-from context_engine.inference.detector import gliner_pii, prompt_guard
-from context_engine.inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME, DetectorSettings
+from inference.detector import gliner_pii, prompt_guard
+from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME, DetectorSettings
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 log = structlog.get_logger("context_engine.detector")

@@ -114,7 +114,7 @@ class DetectorSettings(BaseSettings):
     @field_validator("pii_canary_expect")
     @classmethod
     def _canary_classes(cls, value: dict[str, str]) -> dict[str, str]:
-        from context_engine.inference.detector.gliner_pii import PATTERN_CLASSES
+        from inference.detector.gliner_pii import PATTERN_CLASSES
 
         unknown = set(value) - set(PATTERN_CLASSES)
         if unknown or not value:

@@ -10,7 +10,7 @@
    BM25 and the embedder (``"address.city: Paris"``); sorting makes the text independent of
    the producer's key order, so equal JSON gives equal text and an equal content hash.
 2. **Short stays whole.** A text of at most ``max_tokens`` tokens (cl100k_base, via
-   :mod:`context_engine.inference.tokens`; default 256) is ONE chunk: a conversation turn stays
+   :mod:`inference.tokens`; default 256) is ONE chunk: a conversation turn stays
    one chunk unless it is long. Leading/trailing whitespace is stripped; an empty or
    whitespace-only text yields no chunk.
 3. **Long texts split on boundaries.** Paragraphs (blank lines), then sentences (after
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from context_engine.inference import tokens
+from inference import tokens
 
 __all__ = [
     "CHUNK_NAMESPACE",

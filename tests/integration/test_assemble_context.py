@@ -16,8 +16,8 @@ from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc, stream_pb2
 
 from context_engine.api.app import build_api_server, open_deps
-from context_engine.inference.tokens import count_tokens
-from context_engine.streams.topics import LogTopics
+from inference.tokens import count_tokens
+from streams.topics import LogTopics
 from tests.fixtures.engine import SAMPLED_ORG, unique
 from tests.integration.test_guardrails_api import publish
 from tests.integration.test_retrieval import ingest, wait_embedded
@@ -230,7 +230,7 @@ async def test_compaction_job_once_per_crossing(engine):
 async def test_reading_only_the_recent_history_never_changes_the_prompt(engine, monkeypatch):
     """A long session's older turns are not read (HISTORY_READ_FACTOR): the prompt is the one a
     read of the whole window gives, also when the turns read run out before the budget does."""
-    from context_engine.commands import assemble_context as module
+    from commands import assemble_context as module
 
     caller = engine.caller(unique("org"), clearance=1)
     turns = [f"user: turn {i} about the order number {1000 + i} and its parcel" for i in range(60)]

@@ -18,9 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from context_engine.api.status import error_info
 from context_engine.config import Settings
-from context_engine.inference.detector.server import build_detector_server, start_detector
-from context_engine.inference.detector.service import DetectorServicer
-from context_engine.inference.detector.settings import DEFAULT_CANARY_EXPECT, DEFAULT_CANARY_TEXT, DetectorSettings
+from inference.detector.server import build_detector_server, start_detector
+from inference.detector.service import DetectorServicer
+from inference.detector.settings import DEFAULT_CANARY_EXPECT, DEFAULT_CANARY_TEXT, DetectorSettings
 from tests.fixtures.detector_models import TinyModels, detector_models  # noqa: F401  (fixture)
 from tests.fixtures.detector_stub import CANARY_ENTITIES, StubModel, token_channel
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
@@ -312,7 +312,7 @@ async def test_run_detector_serves_until_sigterm(tmp_path: pathlib.Path) -> None
     import os
     import signal
 
-    from context_engine.inference.detector.server import run_detector
+    from inference.detector.server import run_detector
 
     seen: dict[str, int] = {}
 

@@ -18,7 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from context_engine.embedded.broker import EmbeddedBroker
 from context_engine.embedded.postgres import EmbeddedPostgres, EmbeddedProcessError
-from context_engine.streams.topics import TopicSetupError, ensure_topics
+from streams.topics import TopicSetupError, ensure_topics
 
 pytestmark = pytest.mark.integration
 

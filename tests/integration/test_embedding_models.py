@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from upsquad.context.v1 import context_pb2 as pb
 
-from context_engine.projections.retrieval.bm25 import analyze
+from projections.retrieval.bm25 import analyze
 from tests.fixtures.engine import running_engine, unique
 from tests.integration.test_retrieval import ingest, wait_embedded
 

@@ -10,8 +10,8 @@ import grpc
 import pytest
 from upsquad.context.v1 import context_pb2 as pb
 
-from context_engine.streams.replay import read_archive, verify
-from context_engine.streams.topics import LogTopics
+from streams.replay import read_archive, verify
+from streams.topics import LogTopics
 from tests.fixtures.engine import running_engine, unique
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from context_engine.commands.publish_guardrail import (
+from commands.publish_guardrail import (
     GuardrailPublishError,
     PublishGuardrail,
     list_layers,
@@ -35,8 +35,8 @@ from context_engine.guardrails.signing import (
     layer_scope,
     sign_layer,
 )
-from context_engine.projections.database import create_pool, org_transaction
-from context_engine.projections.guardrail_projection import (
+from projections.database import create_pool, org_transaction
+from projections.guardrail_projection import (
     APPLIED,
     DUPLICATE,
     REJECTED_BAD_SIGNATURE,
@@ -47,21 +47,21 @@ from context_engine.projections.guardrail_projection import (
     apply_guardrail_published,
     refuse_layers,
 )
-from context_engine.projections.guardrail_queries import (
+from projections.guardrail_queries import (
     current_layer,
     current_layers,
     layers_by_hash,
     published_layer,
 )
-from context_engine.projections.migrate import app_url, migrate
-from context_engine.projections.prompt_validation import validate_prompt
-from context_engine.projections.records import LogRecord
-from context_engine.projections.session_projector import apply_batch
+from projections.migrate import app_url, migrate
+from projections.prompt_validation import validate_prompt
+from projections.records import LogRecord
+from projections.session_projector import apply_batch
 from context_engine.scope import Scope
-from context_engine.streams.log import ARCHIVED_CHANNEL, archived_payloads
-from context_engine.streams.record_auth import Keyring, RecordSigner, RecordVerifier
-from context_engine.streams.replay import compare_log, read_log
-from context_engine.streams.topics import ensure_topics
+from streams.log import ARCHIVED_CHANNEL, archived_payloads
+from streams.record_auth import Keyring, RecordSigner, RecordVerifier
+from streams.replay import compare_log, read_log
+from streams.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 

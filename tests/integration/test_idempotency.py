@@ -23,11 +23,11 @@ from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.api.app import build_api_server
 from context_engine.api.status import error_info
-from context_engine.commands.deps import EventRejected
+from commands.deps import EventRejected
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
-from context_engine.projections import session_projector
+from projections import session_projector
 from context_engine.scope import Scope
-from context_engine.streams.log import ArchiveWatch
+from streams.log import ArchiveWatch
 from tests.fixtures.engine import unique
 
 pytestmark = pytest.mark.integration

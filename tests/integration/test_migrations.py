@@ -15,9 +15,9 @@ import pytest
 from context_engine.embedded.postgres import with_database
 from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, SESSION_ROLLED_BACK, SNAPSHOT_CREATED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
-from context_engine.projections import queries
-from context_engine.projections.database import DatabaseRoleError, create_pool, org_transaction
-from context_engine.projections.migrate import (
+from projections import queries
+from projections.database import DatabaseRoleError, create_pool, org_transaction
+from projections.migrate import (
     API_GROUP_ROLE,
     MIGRATIONS_DIR,
     MigrationError,
@@ -25,8 +25,8 @@ from context_engine.projections.migrate import (
     load_migrations,
     migrate,
 )
-from context_engine.projections.records import LogRecord
-from context_engine.projections.session_projector import apply_batch
+from projections.records import LogRecord
+from projections.session_projector import apply_batch
 from context_engine.scope import Scope
 from tests.fixtures.owned_database import owned_database
 

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import uuid
 import zipfile
 
@@ -76,19 +75,23 @@ def run_installed(python: pathlib.Path, code: str, cwd: pathlib.Path, **env: str
     return done.stdout
 
 
-def package_roots() -> dict[str, pathlib.Path]:
-    """Import name -> source directory, from pyproject.toml's [tool.setuptools] (no hand list)."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    dirs = config.get("package-dir", {})
+# The layout's rule (docs/architecture.md): a service folder is the package of that name; the
+# generated protobuf code under proto/proto/ is `upsquad`. What the wheel must hold follows from it.
+SOURCE_FOLDERS = ("context_engine", "commands", "projections", "streams", "inference")
+GENERATED = "proto/proto/"
 
-    def directory(package: str) -> pathlib.Path:  # setuptools' rule: the longest mapped prefix
-        parts = package.split(".")
-        for cut in range(len(parts), 0, -1):
-            if (prefix := ".".join(parts[:cut])) in dirs:
-                return ROOT / dirs[prefix] / "/".join(parts[cut:])
-        return ROOT / dirs.get("", "") / "/".join(parts)
 
-    return {package: directory(package) for package in config["packages"]}
+def shipped_files() -> dict[str, str]:
+    """Path in the wheel -> path in the tree, for every tracked module and data file the services load."""
+    out = {}
+    for name in source_files():
+        if not name.endswith((".py", ".sql", ".proto", ".pyi")):
+            continue
+        if name.split("/", 1)[0] in SOURCE_FOLDERS:
+            out[name] = name
+        elif name.startswith(GENERATED + "upsquad/"):
+            out[name[len(GENERATED):]] = name
+    return out
 
 
 def test_the_wheel_holds_every_migration_and_module(wheel):
@@ -96,23 +99,16 @@ def test_the_wheel_holds_every_migration_and_module(wheel):
 
     migrations = sorted(p.name for p in MIGRATION_SOURCES.glob("*.sql"))
     assert migrations, f"no migrations found under {MIGRATION_SOURCES}"
-    missing = [m for m in migrations if f"context_engine/projections/sql/{m}" not in names]
+    missing = [m for m in migrations if f"projections/sql/{m}" not in names]
     assert not missing, f"migrations missing from {wheel.name}: {missing}"
 
-    # Every module and data file of every package the configuration names (a subpackage left out
-    # of `packages` would be missing here too).
-    expected = set()
-    for package, directory in package_roots().items():
-        for path in directory.iterdir():
-            if path.is_file() and path.suffix in (".py", ".sql", ".proto", ".pyi"):
-                expected.add(f"{package.replace('.', '/')}/{path.name}")
-    assert not expected - names, f"missing from {wheel.name}: {sorted(expected - names)}"
-
-    # And no directory of .py files under a package root that the configuration forgot.
-    configured = {d.resolve() for d in package_roots().values()}
-    forgotten = sorted(str(p.parent.relative_to(ROOT)) for d in configured for p in d.rglob("*.py")
-                       if "__pycache__" not in p.parts and p.parent.resolve() not in configured)
-    assert not forgotten, f"directories with modules that no `packages` entry names: {sorted(set(forgotten))}"
+    # Every module and data file under the service folders, at the path its import names.
+    expected = shipped_files()
+    assert "commands/ingest_event.py" in expected and "upsquad/context/v1/context_pb2.py" in expected
+    assert not expected.keys() - names, f"missing from {wheel.name}: {sorted(expected.keys() - names)}"
+    # And nothing else at the top level: no tests, bench or docs in the wheel.
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == set(SOURCE_FOLDERS) | {"upsquad"}, sorted(tops)
 
 
 def test_the_installed_wheel_migrates_a_real_database(installed, postgres_url, tmp_path):
@@ -123,7 +119,7 @@ def test_the_installed_wheel_migrates_a_real_database(installed, postgres_url, t
 import asyncio, os, pathlib, sys
 import asyncpg
 import context_engine
-from context_engine.projections import migrate
+from projections import migrate
 print(pathlib.Path(context_engine.__file__).resolve())
 print(pathlib.Path(migrate.MIGRATIONS_DIR).resolve())
 print(",".join(asyncio.run(migrate.migrate(os.environ["URL"]))))
@@ -155,9 +151,9 @@ print(count)
 def test_the_installed_wheel_imports_every_service(installed, tmp_path):
     out = run_installed(installed, """
 import pathlib
-import context_engine.cli, context_engine.api.app, context_engine.streams.app
-import context_engine.inference.detector.server, context_engine.supervisor
+import context_engine.__main__, context_engine.api.app, streams.app
+import inference.detector.server, context_engine.supervisor, commands.ingest_event, projections.migrate
 from upsquad.context.v1 import context_pb2
-print(pathlib.Path(context_engine.streams.app.__file__).resolve())
+print(pathlib.Path(streams.app.__file__).resolve())
 """, tmp_path)
     assert out.strip().startswith(str(installed.parent.parent)), out

@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from context_engine.config import Settings
-from context_engine.inference.detector.server import build_detector_server, start_detector
-from context_engine.inference.detector.service import DetectorServicer
-from context_engine.inference.detector.settings import DetectorSettings
-from context_engine.inference.pii_client import MAX_TEXT_BYTES, DetectorError, PiiClient, PiiSpan
-from context_engine.inference.pii_scrub import scrub_content
+from inference.detector.server import build_detector_server, start_detector
+from inference.detector.service import DetectorServicer
+from inference.detector.settings import DetectorSettings
+from inference.pii_client import MAX_TEXT_BYTES, DetectorError, PiiClient, PiiSpan
+from inference.pii_scrub import scrub_content
 from tests.fixtures.detector_models import TinyModels, detector_models  # noqa: F401  (fixture)
 from tests.integration.test_detector import AOIFE, StubModel, stub_model  # noqa: F401  (fixture)
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc

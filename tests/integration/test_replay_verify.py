@@ -11,12 +11,12 @@ from upsquad.context.v1 import context_pb2 as pb
 from context_engine import hashing
 from context_engine.events import canonical_bytes
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
-from context_engine.inference.tokens import count_tokens
-from context_engine.projections.records import LogRecord
+from inference.tokens import count_tokens
+from projections.records import LogRecord
 from context_engine.scope import Scope
-from context_engine.streams.record_auth import partition_for, signer_from_settings, verifier_from_settings
-from context_engine.streams.replay import compare, create_database, drop_database, read_archive, read_log, replay, verify
-from context_engine.streams.topics import LogTopics
+from streams.record_auth import partition_for, signer_from_settings, verifier_from_settings
+from streams.replay import compare, create_database, drop_database, read_archive, read_log, replay, verify
+from streams.topics import LogTopics
 from tests.fixtures.engine import unique
 from tests.integration.test_retrieval import wait_embedded
 

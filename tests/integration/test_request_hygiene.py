@@ -18,9 +18,9 @@ from upsquad.ml.v1 import detector_pb2
 
 from context_engine.api.status import error_info
 from context_engine.config import Settings
-from context_engine.inference.detector.server import build_detector_server, start_detector
-from context_engine.inference.detector.settings import DetectorSettings
-from context_engine.inference.detector.token import service_token as detector_token
+from inference.detector.server import build_detector_server, start_detector
+from inference.detector.settings import DetectorSettings
+from inference.detector.token import service_token as detector_token
 from tests.fixtures.engine import unique
 from tests.integration.test_session_write_path import archived_count
 

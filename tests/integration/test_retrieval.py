@@ -18,19 +18,19 @@ from prometheus_client import REGISTRY
 from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.api.app import api_database_url
-from context_engine.inference.tokens import count_tokens
-from context_engine.projections.retrieval.bm25 import analyze, bm25_scorer, query_idf_mass
-from context_engine.projections.retrieval.confidence_gate import Pool
-from context_engine.projections.retrieval.fusion import HYBRID, Candidate
-from context_engine.projections.retrieval.outcome import classify
-from context_engine.projections.database import create_pool
-from context_engine.projections.search import _LEXICAL, SearchQuery, _fused, _Retriever
-from context_engine.projections.search import search as search_projection
-from context_engine.projections.migrate import APP_ROLE
+from inference.tokens import count_tokens
+from projections.retrieval.bm25 import analyze, bm25_scorer, query_idf_mass
+from projections.retrieval.confidence_gate import Pool
+from projections.retrieval.fusion import HYBRID, Candidate
+from projections.retrieval.outcome import classify
+from projections.database import create_pool
+from projections.search import _LEXICAL, SearchQuery, _fused, _Retriever
+from projections.search import search as search_projection
+from projections.migrate import APP_ROLE
 from context_engine.scope import Scope
-from context_engine.streams.record_auth import verifier_from_settings
-from context_engine.streams.replay import create_database, drop_database, read_log, replay
-from context_engine.streams.topics import LogTopics
+from streams.record_auth import verifier_from_settings
+from streams.replay import create_database, drop_database, read_log, replay
+from streams.topics import LogTopics
 from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
 from tests.fixtures.engine import unique
 from tests.integration.test_session_write_path import expect_error, session_version
@@ -541,8 +541,8 @@ async def test_the_backlog_sweep_pages_through_every_unembedded_chunk_once(engin
     """What the worker's sweep walks after a broker restart lost the queued EmbeddingJobs: pages
     by (created_at, chunk_id), so chunks embedded meanwhile (their vectors still on the way
     through the log) are never fetched twice and a large backlog is covered in one sweep."""
-    from context_engine.projections.database import create_pool
-    from context_engine.streams.embedding_pipeline import EmbeddingPipeline
+    from projections.database import create_pool
+    from streams.embedding_pipeline import EmbeddingPipeline
 
     org = unique("backlog")
     caller = engine.caller(org, clearance=1)

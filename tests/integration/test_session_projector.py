@@ -28,13 +28,13 @@ from context_engine.events import (
     session_aggregate,
 )
 from context_engine.hashing import chain, genesis_version, next_version, sha256_hex
-from context_engine.projections import queries
-from context_engine.projections.chunk_projection import assign_vectors_recorded_by
-from context_engine.projections.database import create_pool, init_connection
-from context_engine.projections.migrate import migrate
-from context_engine.projections.records import LogRecord
+from projections import queries
+from projections.chunk_projection import assign_vectors_recorded_by
+from projections.database import create_pool, init_connection
+from projections.migrate import migrate
+from projections.records import LogRecord
 from context_engine.visibility import Visibility
-from context_engine.projections.session_projector import (
+from projections.session_projector import (
     APPLIED,
     DUPLICATE,
     IDEMPOTENCY_KEY_TAKEN,
@@ -47,8 +47,8 @@ from context_engine.projections.session_projector import (
     load_offsets,
 )
 from context_engine.scope import Scope
-from context_engine.streams.embedding_pipeline import recorded_event
-from context_engine.streams.vector_assigner import VectorAssigner
+from streams.embedding_pipeline import recorded_event
+from streams.vector_assigner import VectorAssigner
 
 pytestmark = pytest.mark.integration
 
@@ -343,7 +343,7 @@ async def test_json_nested_deeper_than_a_parser_goes_is_indexed_as_text(conn: as
     """Content starting with "[" is read as JSON; nested thousands deep, json.loads or the walk of
     its leaves gives up with a RecursionError, which stalled the partition. Now it is text, inline
     and deferred alike."""
-    from context_engine.projections import deferred_indexing
+    from projections import deferred_indexing
 
     org, log = new_org(), Log()
     deep = [b"[" * n + b"]" * n for n in (2_000, 40_000)]  # 4 KB inline; 80 KB after the commit
@@ -860,8 +860,8 @@ async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it
     indexer writes them after the commit, with the source's state at that moment (here: rolled
     back in between, and a memory scanned twice); a bulk replay writes them in place. Both end in
     the same chunks, postings and statistics."""
-    from context_engine.projections import deferred_indexing
-    from context_engine.projections.chunk_projection import INLINE_INDEX_BYTES, BulkLoad, recount_statistics
+    from projections import deferred_indexing
+    from projections.chunk_projection import INLINE_INDEX_BYTES, BulkLoad, recount_statistics
 
     org, log = new_org(), Log()
     words = "harbour lamp keeper boats tide village rain morning water grey".split()
@@ -919,7 +919,7 @@ async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it
 
 
 async def test_an_indexing_request_that_keeps_failing_is_given_up_with_its_error(conn: asyncpg.Connection) -> None:
-    from context_engine.projections import deferred_indexing
+    from projections import deferred_indexing
 
     org, log = new_org(), Log()
     long = ingest(org, "s", "lamp " * 5_000)

@@ -13,7 +13,7 @@ from upsquad.context.v1 import context_pb2 as pb
 from context_engine import hashing
 from context_engine.api.status import error_info
 from context_engine.events import canonical_bytes
-from context_engine.inference.tokens import count_tokens
+from inference.tokens import count_tokens
 from tests.fixtures.engine import unique
 
 pytestmark = pytest.mark.integration

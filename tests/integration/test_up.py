@@ -115,7 +115,7 @@ class Up:
         if "--metrics-port" not in options:
             options = (*options, "--metrics-port", "0")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "context_engine.cli", "up", "--data-dir", str(home),
+            [sys.executable, "-m", "context_engine", "up", "--data-dir", str(home),
              "--api-port", str(self.api_port), "--detector-port", str(self.detector_port), *options],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
@@ -176,7 +176,7 @@ def child_pid(up: "Up", *words: str) -> int:
     def find() -> int | None:
         for pid in descendants(up.proc.pid):
             line = command_line(pid)
-            if "context_engine.cli" in line and set(words) <= set(line) and alive(pid):
+            if "context_engine" in line and set(words) <= set(line) and alive(pid):
                 return pid
         return None
 
@@ -206,7 +206,7 @@ def detect_pii(port: int, token: str | None = None) -> grpc.StatusCode:
 
 
 def mint(home: pathlib.Path, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "context_engine.cli", "token", "mint", "--data-dir", str(home),
+    out = subprocess.run([sys.executable, "-m", "context_engine", "token", "mint", "--data-dir", str(home),
                           *args], check=True, capture_output=True, text=True)
     return out.stdout.strip()
 

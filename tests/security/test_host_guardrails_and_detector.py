@@ -43,7 +43,7 @@ from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 from context_engine.api.status import error_info
 from context_engine.auth import mint_token
-from context_engine.commands.publish_guardrail import GuardrailPublishError, PublishGuardrail, append_layer, build_event
+from commands.publish_guardrail import GuardrailPublishError, PublishGuardrail, append_layer, build_event
 from context_engine.events import GUARDRAIL_PUBLISHED, Event
 from context_engine.guardrails.signing import (
     content_sha256,
@@ -54,17 +54,17 @@ from context_engine.guardrails.signing import (
     operator_key_path,
     raw_public_key,
 )
-from context_engine.projections.database import create_pool, org_transaction
-from context_engine.projections.guardrail_projection import (
+from projections.database import create_pool, org_transaction
+from projections.guardrail_projection import (
     REJECTED_BAD_SIGNATURE,
     REJECTED_STALE,
     REJECTED_UNTRUSTED_KEY,
 )
-from context_engine.projections.guardrail_queries import current_layer
+from projections.guardrail_queries import current_layer
 from context_engine.scope import Scope
-from context_engine.streams.kafka_security import client_security
-from context_engine.streams.record_auth import signer_from_settings
-from context_engine.streams.topics import LogTopics
+from streams.kafka_security import client_security
+from streams.record_auth import signer_from_settings
+from streams.topics import LogTopics
 from tests.fixtures.detector_stub import StubDetector
 from tests.fixtures.engine import Engine, unique
 from tests.security.deployment import quiet_deployment

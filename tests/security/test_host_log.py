@@ -35,8 +35,8 @@ from upsquad.context.v1 import context_pb2 as pb
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
-from context_engine.streams import jobs
-from context_engine.streams.record_auth import (
+from streams import jobs
+from streams.record_auth import (
     BAD_MAC,
     KEYRING_FORMAT,
     MISSING,
@@ -47,7 +47,7 @@ from context_engine.streams.record_auth import (
     partition_for,
     signer_from_settings,
 )
-from context_engine.streams.topics import LogTopics
+from streams.topics import LogTopics
 from tests.fixtures.engine import unique
 from tests.security.deployment import quiet_deployment
 from tests.security.row_counts import unchanged

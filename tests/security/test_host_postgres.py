@@ -53,10 +53,10 @@ from context_engine.embedded.postgres import (
 from context_engine.embedded.process import free_port
 from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
-from context_engine.projections import deferred_indexing, savings_projection
-from context_engine.projections.chunk_projection import pending_vector_assignments
-from context_engine.projections.database import create_pool, org_transaction
-from context_engine.projections.migrate import (
+from projections import deferred_indexing, savings_projection
+from projections.chunk_projection import pending_vector_assignments
+from projections.database import create_pool, org_transaction
+from projections.migrate import (
     API_GROUP_ROLE,
     APP_ROLE,
     MIGRATIONS_DIR,
@@ -65,10 +65,10 @@ from context_engine.projections.migrate import (
     app_url,
     migrate,
 )
-from context_engine.projections.records import LogRecord
-from context_engine.projections.session_projector import apply_batch
+from projections.records import LogRecord
+from projections.session_projector import apply_batch
 from context_engine.scope import Scope
-from context_engine.streams import pii_rescan
+from streams import pii_rescan
 from tests.fixtures.engine import unique
 from tests.fixtures.infra import APP_PASSWORD
 from tests.fixtures.owned_database import owned_database
@@ -729,7 +729,7 @@ def test_up_brings_an_earlier_trust_data_directory_to_scram(service_tmp_path: pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
     api_port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "context_engine.cli", "up", "--data-dir", str(home), "--api-port", str(api_port),
+        [sys.executable, "-m", "context_engine", "up", "--data-dir", str(home), "--api-port", str(api_port),
          "--detector-port", str(free_port()), "--metrics-port", "-1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)

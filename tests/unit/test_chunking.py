@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from context_engine.inference import tokens
-from context_engine.projections.retrieval import chunking
-from context_engine.projections.retrieval.chunking import chunk_content, chunk_text, json_text
+from inference import tokens
+from projections.retrieval import chunking
+from projections.retrieval.chunking import chunk_content, chunk_text, json_text
 
 
 def count(text):
@@ -172,7 +172,7 @@ def test_controls_become_spaces_and_binary_content_yields_no_chunk():
 
 
 def test_a_token_without_spaces_is_capped_in_the_index():
-    from context_engine.projections.retrieval.bm25 import MAX_TERM_CHARS, analyze
+    from projections.retrieval.bm25 import MAX_TERM_CHARS, analyze
 
     [term] = analyze("x" * 10_000)
     assert term == "x" * MAX_TERM_CHARS

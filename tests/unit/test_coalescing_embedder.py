@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from context_engine.inference.coalescing_embedder import CoalescingEmbedder
+from inference.coalescing_embedder import CoalescingEmbedder
 
 
 class RecordingModel:

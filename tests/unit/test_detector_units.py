@@ -16,10 +16,10 @@ import pytest
 from pydantic import ValidationError
 
 from context_engine import errors
-from context_engine.inference.detector import gliner_pii, prompt_guard
-from context_engine.inference.detector.gliner_pii import Canary, PiiDetector, RawSpan
-from context_engine.inference.detector.service import DetectorServicer
-from context_engine.inference.detector.settings import DEFAULT_CANARY_EXPECT, DEFAULT_CANARY_TEXT, DetectorSettings
+from inference.detector import gliner_pii, prompt_guard
+from inference.detector.gliner_pii import Canary, PiiDetector, RawSpan
+from inference.detector.service import DetectorServicer
+from inference.detector.settings import DEFAULT_CANARY_EXPECT, DEFAULT_CANARY_TEXT, DetectorSettings
 from tests.fixtures.detector_models import TinyModels, detector_models  # noqa: F401  (fixture)
 from upsquad.ml.v1 import detector_pb2
 
@@ -227,7 +227,7 @@ def test_cli_imports_an_onnx_export_and_reports_status(
         detector_models: TinyModels, tmp_path: pathlib.Path) -> None:  # noqa: F811
     from typer.testing import CliRunner
 
-    from context_engine.inference.detector.cli import models_app
+    from inference.detector.cli import models_app
 
     export = tmp_path / "export"
     (export / "onnx").mkdir(parents=True)
@@ -260,7 +260,7 @@ def test_cli_imports_an_onnx_export_and_reports_status(
 
 def test_gliner_onnx_export_serves_like_torch(
         detector_models: TinyModels, tmp_path: pathlib.Path) -> None:  # noqa: F811
-    from context_engine.inference.detector.importer import import_gliner
+    from inference.detector.importer import import_gliner
 
     # the installed copy is itself a self-contained GLiNER directory, so it can be re-imported
     installed = import_gliner(detector_models.gliner_dir, tmp_path, revision="onnx-test", export_onnx=True)
@@ -283,7 +283,7 @@ def test_gliner_onnx_export_serves_like_torch(
 def test_gliner_save_naming_its_backbone_needs_backbone_dir(detector_models: TinyModels,  # noqa: F811
                                                             tmp_path: pathlib.Path) -> None:
     """Like the published gliner_small-v2.1: no encoder config or tokenizer inside, only a backbone name."""
-    from context_engine.inference.detector.importer import ImportFailed, import_gliner
+    from inference.detector.importer import ImportFailed, import_gliner
     from tests.fixtures.detector_models import _deberta_config, _save_tokenizer
 
     bare = tmp_path / "bare"
@@ -313,10 +313,10 @@ def test_base_install_serves_classify_without_torch(detector_models: TinyModels)
         import sys, asyncio
         for name in ("torch", "transformers", "gliner"):
             sys.modules[name] = None
-        import context_engine.inference.detector.cli, context_engine.inference.detector.importer
-        import context_engine.inference.detector.server
-        from context_engine.inference.detector.service import DetectorServicer
-        from context_engine.inference.detector.settings import DetectorSettings
+        import inference.detector.cli, inference.detector.importer
+        import inference.detector.server
+        from inference.detector.service import DetectorServicer
+        from inference.detector.settings import DetectorSettings
         from upsquad.ml.v1 import detector_pb2
 
         async def main():
@@ -343,7 +343,7 @@ def test_base_install_serves_classify_without_torch(detector_models: TinyModels)
 
 def test_without_a_set_token_the_homes_token_file_is_made_once_0600(tmp_path: pathlib.Path) -> None:
     from context_engine.config import Settings
-    from context_engine.inference.detector.token import service_token
+    from inference.detector.token import service_token
 
     settings = Settings(home=tmp_path)
     token = service_token(settings)
@@ -358,8 +358,8 @@ def test_without_a_set_token_the_homes_token_file_is_made_once_0600(tmp_path: pa
 @pytest.mark.parametrize("token", ["", " ", "two words", "tab\there", "naïve"])
 def test_a_set_token_that_could_not_be_sent_fails_the_start(tmp_path: pathlib.Path, token: str) -> None:
     from context_engine.config import Settings
-    from context_engine.inference.detector.server import build_detector_server
-    from context_engine.inference.detector.token import service_token
+    from inference.detector.server import build_detector_server
+    from inference.detector.token import service_token
 
     settings = Settings(home=tmp_path, detector_service_token=token)
     with pytest.raises(ValueError, match="visible ASCII"):

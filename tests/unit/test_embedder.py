@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from context_engine.errors import Unavailable
-from context_engine.inference.embedder import (
+from inference.embedder import (
     INT8_CHECK_TEXTS,
     INT8_MIN_COSINE,
     Embedder,
@@ -271,7 +271,7 @@ def test_minilm_rejects_non_strings(minilm: MiniLMEmbedder) -> None:
 
 @pytest.mark.parametrize("max_rows", [1, 4, 32])
 def test_chunk_plan_covers_everything_in_order(max_rows: int) -> None:
-    from context_engine.inference.embedder import _plan_chunks
+    from inference.embedder import _plan_chunks
 
     lengths = sorted([3, 3, 4, 10, 11, 12, 40, 41, 200, 256] * 7)
     chunks = _plan_chunks(lengths, max_rows)

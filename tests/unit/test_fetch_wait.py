@@ -3,8 +3,8 @@ again as soon as a fetch brings records that someone waits for (telemetry does n
 
 from aiokafka.structs import TopicPartition
 
-from context_engine.streams.fetch_wait import AdaptiveFetchWait
-from context_engine.streams.topics import LogTopics
+from streams.fetch_wait import AdaptiveFetchWait
+from streams.topics import LogTopics
 
 
 class FakeFetcher:

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_pri
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from context_engine.api.status import status_code_for
-from context_engine.commands.publish_guardrail import PublishGuardrail, build_event
+from commands.publish_guardrail import PublishGuardrail, build_event
 from context_engine.config import Settings
 from context_engine.errors import DomainError
 from context_engine.guardrails import trust
@@ -40,8 +40,8 @@ from context_engine.guardrails.trust import (
     public_key_fingerprint,
     trusted_fingerprints,
 )
-from context_engine.projections.guardrail_projection import REJECTED_UNTRUSTED_KEY, refuse_layers
-from context_engine.projections.session_projector import is_infrastructure_failure
+from projections.guardrail_projection import REJECTED_UNTRUSTED_KEY, refuse_layers
+from projections.session_projector import is_infrastructure_failure
 
 
 @pytest.fixture(autouse=True)

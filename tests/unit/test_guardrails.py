@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from context_engine.commands.publish_guardrail import PublishGuardrail, build_event, read_layer_file, require_trusted
+from commands.publish_guardrail import PublishGuardrail, build_event, read_layer_file, require_trusted
 from context_engine.errors import InvalidArgument
 from context_engine.events import GUARDRAIL_PUBLISHED, decode
 from context_engine.guardrails.signing import (
@@ -38,8 +38,8 @@ from context_engine.guardrails.signing import (
     signed_message,
     verify_layer,
 )
-from context_engine.projections.guardrail_queries import GuardrailLayerRow
-from context_engine.projections.prompt_validation import (
+from projections.guardrail_queries import GuardrailLayerRow
+from projections.prompt_validation import (
     INJECTION_PATTERN,
     INJECTION_PATTERNS,
     LAYER_HASH_MISMATCH,

@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from context_engine.inference.int8_matmul import MS_DOMAIN, SATURATION_FREE_MAX_WEIGHT, int8_matmul_model
+from inference.int8_matmul import MS_DOMAIN, SATURATION_FREE_MAX_WEIGHT, int8_matmul_model
 
 
 def _weight_product_model(weight: np.ndarray, scale: np.ndarray, *, scale_first: bool = False) -> bytes:

@@ -16,7 +16,7 @@ from cryptography.x509.oid import NameOID
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
 from context_engine.config import Settings
-from context_engine.streams.kafka_security import client_security, faust_credentials
+from streams.kafka_security import client_security, faust_credentials
 
 
 @pytest.fixture(scope="module")

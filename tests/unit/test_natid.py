@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from context_engine.inference.natid import NatIdMatch, find_national_ids, redact
+from inference.natid import NatIdMatch, find_national_ids, redact
 
 # --------------------------------------------------------------------------- helpers
 

@@ -11,8 +11,8 @@ import asyncio
 import orjson
 import pytest
 
-from context_engine.inference.pii_client import DetectorError, PiiDetection, PiiSpan
-from context_engine.inference.pii_scrub import (
+from inference.pii_client import DetectorError, PiiDetection, PiiSpan
+from inference.pii_scrub import (
     REGEX_FALLBACK_VERSION,
     ScrubResult,
     Span,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from context_engine.errors import InvalidArgument
-from context_engine.inference.tokens import count_tokens
-from context_engine.projections.prompt_packing import SEPARATOR, Block, BudgetError, pack, render
+from inference.tokens import count_tokens
+from projections.prompt_packing import SEPARATOR, Block, BudgetError, pack, render
 
 
 def count(text: str) -> int:

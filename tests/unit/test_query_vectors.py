@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from context_engine.inference.query_vectors import QueryVectors
+from inference.query_vectors import QueryVectors
 from tests.unit.test_coalescing_embedder import RecordingModel
 
 

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from context_engine.config import Settings
-from context_engine.streams import record_auth
-from context_engine.streams.record_auth import (
+from streams import record_auth
+from streams.record_auth import (
     BAD_MAC,
     HEADER,
     MALFORMED,
@@ -27,7 +27,7 @@ from context_engine.streams.record_auth import (
     RecordVerifier,
     partition_for,
 )
-from context_engine.streams.topics import LogTopics
+from streams.topics import LogTopics
 
 TOPIC, KEY, VALUE = "ce.events", b"session/acme/s1", b'{"event_id": "e1", "payload": {}}'
 PARTITIONS = {**LogTopics("ce", 4, 3).partitions, "other.events": 4}

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from context_engine.projections.retrieval import bm25
-from context_engine.projections.retrieval.bm25 import (
+from projections.retrieval import bm25
+from projections.retrieval.bm25 import (
     CorpusStats, DocumentTerms, analyze, bm25_score, bm25_scores, term_frequencies)
 from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
 

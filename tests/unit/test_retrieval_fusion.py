@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from context_engine.projections.retrieval import fusion
-from context_engine.projections.retrieval.fusion import (
+from projections.retrieval import fusion
+from projections.retrieval.fusion import (
     HYBRID, RRF, Candidate, RRFFusion, WeightedFusion)
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import pytest
 
 from context_engine.errors import InvalidArgument
-from context_engine.projections.retrieval import confidence_gate as gate
-from context_engine.projections.retrieval import outcome as oc
-from context_engine.projections.retrieval.fusion import ScoredCandidate
-from context_engine.projections.retrieval.outcome import (
+from projections.retrieval import confidence_gate as gate
+from projections.retrieval import outcome as oc
+from projections.retrieval.fusion import ScoredCandidate
+from projections.retrieval.outcome import (
     Outcome, RetrievalResult, classify, outcome_name, resolve_min_score, resolve_top_k)
 
 

@@ -1,7 +1,7 @@
 """Spawning children (the way the embedded stack does) while gRPC calls are in flight.
 
-gRPC core's fork handlers used to abort about one child in 150 here (grpc/grpc#43055); the
-package disables them on import. The scenario runs in a fresh interpreter because the
+gRPC core's fork handlers used to abort about one child in 150 here (grpc/grpc#43055); every
+entry point disables them (context_engine.embedded.process.disable_grpc_fork_handlers). The scenario runs in a fresh interpreter because the
 setting is read once, when gRPC initialises.
 """
 
@@ -14,7 +14,8 @@ _SCENARIO = """
 import signal, subprocess, sys, threading
 from concurrent import futures
 
-import context_engine  # must come first: it configures gRPC before gRPC initialises
+from context_engine.embedded.process import disable_grpc_fork_handlers
+disable_grpc_fork_handlers()  # must come first: before gRPC initialises
 import grpc
 
 from context_engine.embedded.process import child_preexec
@@ -49,8 +50,26 @@ def test_children_spawned_during_grpc_calls_all_start() -> None:
 
 
 def test_an_explicit_fork_support_setting_is_kept() -> None:
-    probe = "import os, context_engine; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
+    probe = ("import os; from context_engine.embedded.process import disable_grpc_fork_handlers; "
+             "disable_grpc_fork_handlers(); print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          env={"GRPC_ENABLE_FORK_SUPPORT": "true", "PATH": "/usr/bin:/bin"},
                          check=True)
     assert out.stdout.strip() == "true"
+
+
+def test_importing_the_package_changes_nothing_in_the_process() -> None:
+    probe = "import os, context_engine; print(os.environ.get('GRPC_ENABLE_FORK_SUPPORT', 'unset'))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"}, check=True)
+    assert out.stdout.strip() == "unset"
+
+
+def test_the_command_line_entry_point_turns_the_handlers_off() -> None:
+    probe = ("import os, sys; sys.argv = ['context-engine', '--help']\n"
+             "import context_engine.__main__ as entry\n"
+             "try:\n    entry.main()\nexcept SystemExit:\n    pass\n"
+             "print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"}, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "false"

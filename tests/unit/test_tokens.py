@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from context_engine.inference import tokens
+from inference import tokens
 
 SAMPLE = "hello world, this is a test"
 CACHE_NAMES = {
@@ -157,7 +157,7 @@ _CHILD = textwrap.dedent(
 
     tiktoken.load.read_file = guarded_read_file
 
-    from context_engine.inference import tokens
+    from inference import tokens
     counts = [tokens.count_tokens("hello world, this is a test", m) for m in ("gpt-4", "gpt-4o")]
     cache = os.environ["TIKTOKEN_CACHE_DIR"]
     print(json.dumps({"counts": counts, "cache": cache, "files": sorted(os.listdir(cache))}))

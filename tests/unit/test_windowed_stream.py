@@ -7,7 +7,7 @@ import asyncio
 import faust
 import pytest
 
-from context_engine.streams.windowed_stream import WindowedStream
+from streams.windowed_stream import WindowedStream
 
 
 def make_app() -> faust.App:

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from context_engine.commands.write_budget import HELD_PER_ORG, MIN_CHARGE_BYTES, WriteBudget, write_bytes
+from commands.write_budget import HELD_PER_ORG, MIN_CHARGE_BYTES, WriteBudget, write_bytes
 from context_engine.errors import ResourceExhausted
 
 
