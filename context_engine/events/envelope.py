@@ -3,14 +3,14 @@
 Every state change is one immutable `Event`. Its `content_hash` is the SHA-256 of the payload's
 canonical bytes (orjson, sorted keys, no whitespace), so any party can recompute it. Events are
 never rewritten: an event stored at an older `schema_version` is upcast on read, step by step,
-by the functions registered in `UPCASTERS`.
+by the upcasters its body class keeps (registry.py). The envelope holds the payload as written
+(or upcast); `Event.body` reads it as its type's class.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,56 +19,11 @@ import orjson
 from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
 
-# type -> current schema version
-EVENT_INGESTED = "session.event_ingested"
-MEMORY_PUSHED = "memory.pushed"
-SNAPSHOT_CREATED = "session.snapshot_created"
-SESSION_ROLLED_BACK = "session.rolled_back"
-EMBEDDING_RECORDED = "embedding.recorded"
-MEMORY_SCRUBBED = "memory.scrubbed"
-COMPACTION_THRESHOLD = "session.compaction_threshold"
-GUARDRAIL_PUBLISHED = "guardrail.published"
-
-CURRENT_VERSIONS: dict[str, int] = {
-    EVENT_INGESTED: 2,
-    MEMORY_PUSHED: 1,
-    SNAPSHOT_CREATED: 1,
-    SESSION_ROLLED_BACK: 1,
-    EMBEDDING_RECORDED: 1,
-    MEMORY_SCRUBBED: 1,
-    COMPACTION_THRESHOLD: 1,
-    GUARDRAIL_PUBLISHED: 1,
-}
-
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-def _ingested_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
-    """v1 called the category `kind` and had no metadata map."""
-    upcast = {k: v for k, v in payload.items() if k != "kind"}
-    upcast["event_type"] = payload["kind"]
-    upcast.setdefault("metadata", {})
-    return upcast
-
-
-# (type, from_version) -> function producing from_version + 1
-UPCASTERS: dict[tuple[str, int], Upcaster] = {
-    (EVENT_INGESTED, 1): _ingested_v1_to_v2,
-}
+from .registry import BODY_TYPES, CURRENT_VERSIONS, UPCASTERS, EventBody
 
 
 def canonical_bytes(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-
-
-def session_aggregate(org_id: str, session_id: str) -> str:
-    """The partition key of every event of one session: their log order is total."""
-    return f"session/{org_id}/{session_id}"
-
-
-def embedding_aggregate(org_id: str) -> str:
-    """The partition key of an org's embedding.recorded events."""
-    return f"embedding/{org_id}"
 
 
 def _timestamp(moment: dt.datetime) -> str:
@@ -92,6 +47,18 @@ class Event:
             object.__setattr__(self, "schema_version", CURRENT_VERSIONS[self.type])
         if not self.content_hash:
             object.__setattr__(self, "content_hash", sha256_hex(canonical_bytes(self.payload)))
+
+    @classmethod
+    def of(cls, body: EventBody, *, scope: Scope, aggregate: str, actor: str, **envelope: Any) -> Event:
+        """The event saying `body` (`envelope`: event_id, occurred_at when not new ones)."""
+        return cls(type=body.TYPE, scope=scope, aggregate=aggregate, actor=actor, payload=body.to_payload(),
+                   schema_version=body.SCHEMA_VERSION, **envelope)
+
+    @property
+    def body(self) -> EventBody:
+        """The payload as its type's class (KeyError for a type without one; whatever its
+        `from_payload` raises for a payload it cannot read)."""
+        return BODY_TYPES[self.type].from_payload(self.payload)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,29 @@
+"""Domain events: the envelope (envelope.py), one class per event type (session.py, memory.py,
+embedding.py, guardrail.py) registered by type name (registry.py), and the names of aggregates
+(aggregates.py)."""
+
+from .registry import BODY_TYPES, CURRENT_VERSIONS, UPCASTERS, EventBody, Payload, Upcaster, event_type
+from .aggregates import SessionRef, embedding_aggregate, session_aggregate
+from .envelope import Event, EventDecodeError, canonical_bytes, decode
+from .session import CompactionThreshold, EventIngested, SessionRolledBack, SnapshotCreated
+from .memory import MemoryPushed, MemoryScrubbed
+from .embedding import EmbeddingRecorded
+from .guardrail import GuardrailPublished
+
+EVENT_INGESTED = EventIngested.TYPE
+MEMORY_PUSHED = MemoryPushed.TYPE
+SNAPSHOT_CREATED = SnapshotCreated.TYPE
+SESSION_ROLLED_BACK = SessionRolledBack.TYPE
+EMBEDDING_RECORDED = EmbeddingRecorded.TYPE
+MEMORY_SCRUBBED = MemoryScrubbed.TYPE
+COMPACTION_THRESHOLD = CompactionThreshold.TYPE
+GUARDRAIL_PUBLISHED = GuardrailPublished.TYPE
+
+__all__ = [
+    "BODY_TYPES", "COMPACTION_THRESHOLD", "CURRENT_VERSIONS", "EMBEDDING_RECORDED", "EVENT_INGESTED",
+    "GUARDRAIL_PUBLISHED", "MEMORY_PUSHED", "MEMORY_SCRUBBED", "SESSION_ROLLED_BACK", "SNAPSHOT_CREATED",
+    "UPCASTERS", "CompactionThreshold", "EmbeddingRecorded", "Event", "EventBody", "EventDecodeError",
+    "EventIngested", "GuardrailPublished", "MemoryPushed", "MemoryScrubbed", "Payload", "SessionRef",
+    "SessionRolledBack", "SnapshotCreated", "Upcaster", "canonical_bytes", "decode", "embedding_aggregate",
+    "event_type", "session_aggregate",
+]

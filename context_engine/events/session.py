@@ -1,0 +1,119 @@
+"""The events of a session's history: what was said, snapshots, rollbacks, compaction requests.
+
+`from_payload` reads what the session projector has always read, with the same defaults (a
+payload from the log may be old or hostile): a missing required key is a KeyError, a value the
+projector coerces (`str`, `int`) is coerced, anything else is taken as written and checked
+where it is used. `to_payload` writes exactly the dict the command has always written: the
+payload's canonical bytes are hashed into the version chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .registry import EventBody, Payload, event_type
+
+
+def _ingested_v1_to_v2(payload: Payload) -> Payload:
+    """v1 called the category `kind` and had no metadata map."""
+    upcast = {k: v for k, v in payload.items() if k != "kind"}
+    upcast["event_type"] = payload["kind"]
+    upcast.setdefault("metadata", {})
+    return upcast
+
+
+@event_type
+@dataclass(frozen=True, slots=True)
+class EventIngested(EventBody):
+    """One conversation event of a session (IngestEvent). `content_sha256` is the SHA-256 of the
+    raw content (= IngestEventResponse.version_hash); `idempotency_key` "" = none."""
+
+    TYPE = "session.event_ingested"
+    SCHEMA_VERSION = 2
+    UPCASTERS = {1: _ingested_v1_to_v2}
+
+    session_id: str
+    event_type: str  # "message" | "tool_output" | "workflow_event"
+    content_b64: str  # standard base64 of the raw content
+    metadata: dict[str, str] = field(default_factory=dict)
+    content_sha256: str = ""
+    token_count: int = 0
+    idempotency_key: str = ""
+
+    def to_payload(self) -> Payload:
+        return {"session_id": self.session_id, "event_type": self.event_type, "content_b64": self.content_b64,
+                "metadata": self.metadata, "content_sha256": self.content_sha256,
+                "token_count": self.token_count, "idempotency_key": self.idempotency_key}
+
+    @classmethod
+    def from_payload(cls, p: Payload) -> EventIngested:
+        return cls(session_id=p["session_id"], event_type=str(p["event_type"]), content_b64=p["content_b64"],
+                   metadata=p.get("metadata") or {}, content_sha256=p.get("content_sha256") or "",
+                   token_count=int(p.get("token_count") or 0), idempotency_key=p.get("idempotency_key") or "")
+
+
+@event_type
+@dataclass(frozen=True, slots=True)
+class SnapshotCreated(EventBody):
+    """A name for the session's current version and state; `snapshot_id` is chosen by the handler."""
+
+    TYPE = "session.snapshot_created"
+    SCHEMA_VERSION = 1
+
+    session_id: str
+    snapshot_id: str  # a uuid
+    name: str
+
+    def to_payload(self) -> Payload:
+        return {"session_id": self.session_id, "snapshot_id": self.snapshot_id, "name": self.name}
+
+    @classmethod
+    def from_payload(cls, p: Payload) -> SnapshotCreated:
+        return cls(session_id=p["session_id"], snapshot_id=p["snapshot_id"], name=p["name"])
+
+
+@event_type
+@dataclass(frozen=True, slots=True)
+class SessionRolledBack(EventBody):
+    """The session's state and version become those of `target_version`, a version it has had."""
+
+    TYPE = "session.rolled_back"
+    SCHEMA_VERSION = 1
+
+    session_id: str
+    target_version: str
+
+    def to_payload(self) -> Payload:
+        return {"session_id": self.session_id, "target_version": self.target_version}
+
+    @classmethod
+    def from_payload(cls, p: Payload) -> SessionRolledBack:
+        return cls(session_id=p["session_id"], target_version=p["target_version"])
+
+
+@event_type
+@dataclass(frozen=True, slots=True)
+class CompactionThreshold(EventBody):
+    """AssembleContext saw the session's history cross its compaction threshold (`crossed`), or
+    fall back under it."""
+
+    TYPE = "session.compaction_threshold"
+    SCHEMA_VERSION = 1
+
+    session_id: str
+    crossed: bool
+    token_count: int
+    token_budget: int
+
+    def to_payload(self) -> Payload:
+        return {"session_id": self.session_id, "crossed": self.crossed, "token_count": self.token_count,
+                "token_budget": self.token_budget}
+
+    @classmethod
+    def from_payload(cls, p: Payload) -> CompactionThreshold:
+        crossed = bool(p["crossed"])
+        counts: tuple[Any, Any] = (  # only an opening event's counts were ever read
+            (int(p["token_count"]), int(p["token_budget"])) if crossed
+            else (p.get("token_count", 0), p.get("token_budget", 0)))
+        return cls(p["session_id"], crossed, *counts)

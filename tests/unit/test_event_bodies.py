@@ -1,0 +1,107 @@
+"""Each event type's class writes exactly the payload the engine wrote before the classes existed:
+the payload's canonical bytes are its content_hash, chained into the session's versions, so
+replays of existing logs verify only while these dicts stay the same."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from context_engine import events, hashing
+from context_engine.events import (
+    CompactionThreshold,
+    EmbeddingRecorded,
+    EventIngested,
+    GuardrailPublished,
+    MemoryPushed,
+    MemoryScrubbed,
+    SessionRef,
+    SessionRolledBack,
+    SnapshotCreated,
+)
+from context_engine.guardrails.signing import sign_layer
+from context_engine.scope import Scope
+
+KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+LAYER = sign_layer(KEY, level=2, scope_path="acme/sales", content="be kind", signed_at_ms=1_700_000_000_000)
+B64 = base64.b64encode(b"hello").decode()
+SHA = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+
+# (typed instance, the dict the command or worker built by hand before)
+PINNED = [
+    (EventIngested(session_id="s1", event_type="message", content_b64=B64, metadata={"k": "v"},
+                   content_sha256=SHA, token_count=2, idempotency_key=""),
+     {"session_id": "s1", "event_type": "message", "content_b64": B64, "metadata": {"k": "v"},
+      "content_sha256": SHA, "token_count": 2, "idempotency_key": ""}),
+    (EventIngested("s1", "tool_output", B64, {}, SHA, 0, "key-1"),
+     {"session_id": "s1", "event_type": "tool_output", "content_b64": B64, "metadata": {},
+      "content_sha256": SHA, "token_count": 0, "idempotency_key": "key-1"}),
+    (MemoryPushed(session_id="s1", agent_id="bot", memory_type="semantic", content_b64=B64,
+                  metadata={}, content_sha256=SHA),
+     {"session_id": "s1", "agent_id": "bot", "memory_type": "semantic", "content_b64": B64,
+      "metadata": {}, "content_sha256": SHA}),
+    (SnapshotCreated(session_id="s1", snapshot_id="3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a22", name="before"),
+     {"session_id": "s1", "snapshot_id": "3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a22", "name": "before"}),
+    (SessionRolledBack(session_id="s1", target_version=SHA),
+     {"session_id": "s1", "target_version": SHA}),
+    (CompactionThreshold(session_id="s1", crossed=True, token_count=900, token_budget=1000),
+     {"session_id": "s1", "crossed": True, "token_count": 900, "token_budget": 1000}),
+    (CompactionThreshold(session_id="s1", crossed=False, token_count=10, token_budget=1000),
+     {"session_id": "s1", "crossed": False, "token_count": 10, "token_budget": 1000}),
+    (MemoryScrubbed(memory_event_id="3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a22", content_b64=B64, status="clear",
+                    spans_by_class={"EMAIL": 1}, detector_version="natid-v1+m1", fallback_reason=""),
+     {"memory_event_id": "3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a22", "content_b64": B64, "status": "clear",
+      "spans_by_class": {"EMAIL": 1}, "detector_version": "natid-v1+m1", "fallback_reason": ""}),
+    (EmbeddingRecorded(model_version="m1", vectors=[{"content_hash": SHA, "vector": "AACAPw=="}]),
+     {"model_version": "m1", "vectors": [{"content_hash": SHA, "vector": "AACAPw=="}]}),
+    (GuardrailPublished(LAYER),
+     {"level": 2, "scope_path": "acme/sales", "content": "be kind", "content_sha256": LAYER.content_sha256,
+      "signed_at_ms": 1_700_000_000_000, "signature_b64": base64.b64encode(LAYER.signature).decode(),
+      "public_key_b64": base64.b64encode(LAYER.public_key).decode(), "key_fingerprint": LAYER.key_fingerprint}),
+]
+
+
+@pytest.mark.parametrize(("body", "written"), PINNED, ids=lambda x: type(x).__name__)
+def test_a_typed_body_writes_the_payload_written_before(body, written):
+    payload = body.to_payload()
+    assert payload == written
+    assert [type(v) for v in payload.values()] == [type(written[k]) for k in payload]
+    assert events.canonical_bytes(payload) == events.canonical_bytes(written)
+
+
+@pytest.mark.parametrize(("body", "written"), PINNED, ids=lambda x: type(x).__name__)
+def test_a_payload_reads_back_as_the_body_that_wrote_it(body, written):
+    assert type(body).from_payload(body.to_payload()) == body
+
+
+def test_every_event_type_has_one_class():
+    assert set(events.BODY_TYPES) == {type(b).TYPE for b, _ in PINNED} == set(events.CURRENT_VERSIONS)
+    assert {t: c.SCHEMA_VERSION for t, c in events.BODY_TYPES.items()} == events.CURRENT_VERSIONS
+
+
+def test_an_event_of_a_body_is_the_event_of_its_payload():
+    body = SnapshotCreated("s1", "3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a22", "n")
+    ref = SessionRef("acme", "s1")
+    typed = events.Event.of(body, scope=Scope("acme"), aggregate=ref.aggregate, actor="u",
+                            event_id="3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a23", occurred_at="2026-01-01T00:00:00.000000Z")
+    by_hand = events.Event(events.SNAPSHOT_CREATED, Scope("acme"), "session/acme/s1", "u", body.to_payload(),
+                           event_id=typed.event_id, occurred_at=typed.occurred_at)
+    assert typed == by_hand
+    assert events.decode(typed.to_bytes()).body == body
+
+
+def test_an_old_ingested_payload_reads_with_the_projectors_defaults():
+    body = EventIngested.from_payload({"session_id": "s", "kind": "message", "content_b64": B64} |
+                                      {"event_type": "message"})
+    assert (body.metadata, body.content_sha256, body.token_count, body.idempotency_key) == ({}, "", 0, "")
+    with pytest.raises(KeyError):
+        EventIngested.from_payload({"session_id": "s"})
+
+
+def test_a_session_ref_spells_the_persisted_keys():
+    ref = SessionRef("acme", "s1")
+    assert (ref.key, ref.aggregate) == ("acme/s1", "session/acme/s1")
+    assert events.session_aggregate("acme", "s1") == ref.aggregate
+    assert ref.genesis == hashing.genesis_version("acme/s1")
