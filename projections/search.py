@@ -55,23 +55,26 @@ from projections.retrieval.bm25 import (
     query_idf_mass,
 )
 from projections.retrieval.confidence_gate import Pool, retrieve_with_gate_async
-from projections.retrieval.fusion import HYBRID, ScoredCandidate
+from projections.retrieval.fusion import HYBRID, ScoredCandidate, bm25_sql, cosine_sql, recency_sql
 from projections.retrieval.outcome import RetrievalResult, classify_ranked, resolve_min_score, resolve_top_k
+from projections.retrieval.recipe import (
+    BROADEN_POSTINGS,
+    FIRST_EF_SEARCH,
+    MIN_POOL,
+    POOL_PER_RESULT,
+    POSTINGS_PER_TERM,
+)
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 
 MAX_QUERY_BYTES = 16 * 1024
 MAX_DOMAIN_CHARS = 128
-MIN_POOL = 50
-FIRST_EF_SEARCH = Pool().ef_search  # the first pass's; pgvector's iterative scan goes past it as needed
 # Search's two statements run on generic plans, planned once per connection: at Search's pools
 # PostgreSQL's own choice kept planning the fusion statement for each call, and its generic plan
 # runs faster too (7.3 -> 5.9 ms a call at 100,000 chunks, same results; docs/benchmarks.md,
 # "Search under load"). At AssembleContext's deeper pools it made no difference, so there
 # PostgreSQL chooses.
 GENERIC_PLANS = {"plan_cache_mode": "force_generic_plan"}
-POSTINGS_PER_TERM = 300  # best postings read per query term (x4 when the gate broadens)
-BROADEN_POSTINGS = 4
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ async def search(pool: asyncpg.Pool, query_vectors: QueryVectors, scope: Scope, 
             top_k = await depth(conn)
         retriever = _Retriever(conn, scope, domain, analyze(query), embedding, query_vectors.model_version,
                                now or dt.datetime.now(dt.UTC), floor, top_k)
-        first = Pool(vector_k=max(MIN_POOL, 2 * top_k), bm25_k=max(MIN_POOL, 2 * top_k), ef_search=FIRST_EF_SEARCH)
+        size = max(MIN_POOL, POOL_PER_RESULT * top_k)
+        first = Pool(vector_k=size, bm25_k=size, ef_search=FIRST_EF_SEARCH)
         gate = await retrieve_with_gate_async(retriever.run, floor, first, top_score=lambda p: p.top_score)
     with timed("search", "classify"):
         fused: FusedPass = gate.candidates
@@ -262,17 +266,12 @@ WITH vector_leg AS (
     FROM signals GROUP BY chunk_id HAVING bool_or(candidate)
 ), components AS (
     SELECT chunk_id, created_at, cosine, bm25,
-           CASE WHEN cosine IS NULL OR cosine = 'NaN'::float8 THEN 0.0::float8
-                ELSE least(1.0::float8, greatest(0.0::float8, cosine)) END AS vector,
-           CASE WHEN $11::float8 > 0 AND bm25 > 0 AND bm25 <> 'NaN'::float8
-                THEN least(1.0::float8, bm25 / $11::float8) ELSE 0.0::float8 END AS lexical,
-           CASE WHEN created_at IS NULL THEN 0.0::float8
-                ELSE power(0.5::float8, greatest(0.0::float8, extract(epoch FROM $12::timestamptz - created_at)::float8)
-                                        / {w.recency_half_life_seconds!r}::float8) END AS recency
+           {cosine_sql("cosine")} AS vector,
+           {bm25_sql("bm25", "$11::float8")} AS lexical,
+           {recency_sql("created_at", "$12::timestamptz", w.recency_half_life_seconds)} AS recency
     FROM candidates
 ), scored AS MATERIALIZED (
-    SELECT *, least(1.0::float8, greatest(0.0::float8, {w.w_vector!r}::float8 * vector
-                                          + {w.w_bm25!r}::float8 * lexical + {w.w_recency!r}::float8 * recency)) AS score
+    SELECT *, {w.score_sql("vector", "lexical", "recency")} AS score
     FROM components
 ), kept AS (
     SELECT * FROM scored WHERE score >= $13::float8 ORDER BY score DESC, chunk_id::text LIMIT $14

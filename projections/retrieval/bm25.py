@@ -55,6 +55,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence, Union
 
+from projections.retrieval import recipe
+
 __all__ = [
     "B",
     "K1",
@@ -73,8 +75,8 @@ __all__ = [
     "term_frequencies",
 ]
 
-K1 = 1.2
-B = 0.75
+K1 = recipe.BM25_K1
+B = recipe.BM25_B
 MAX_TERM_CHARS = 128  # at most 4 bytes each in UTF-8: 512 bytes, well inside an index row
 
 #: English function words removed by the analyzer. Articles, pronouns, auxiliaries,

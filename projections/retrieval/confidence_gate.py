@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
+from projections.retrieval import recipe
+
 __all__ = [
     "BROADEN_FACTOR",
     "DEFAULT_POOL",
@@ -39,17 +41,17 @@ __all__ = [
     "retrieve_with_gate_async",
 ]
 
-BROADEN_FACTOR = 4
+BROADEN_FACTOR = recipe.BROADEN_FACTOR
 
 
 @dataclass(frozen=True)
 class Pool:
     """How wide one retrieval pass reaches."""
 
-    vector_k: int = 50
-    bm25_k: int = 50
-    ef_search: int = 64
-    bm25_min_match_fraction: float = 0.5
+    vector_k: int = recipe.MIN_POOL
+    bm25_k: int = recipe.MIN_POOL
+    ef_search: int = recipe.FIRST_EF_SEARCH
+    bm25_min_match_fraction: float = recipe.BM25_MIN_MATCH_FRACTION
     expanded: bool = False
 
     def __post_init__(self) -> None:
@@ -78,7 +80,7 @@ def broaden(pool: Pool) -> Pool:
         vector_k=pool.vector_k * BROADEN_FACTOR,
         bm25_k=pool.bm25_k * BROADEN_FACTOR,
         ef_search=pool.ef_search * BROADEN_FACTOR,
-        bm25_min_match_fraction=0.0,
+        bm25_min_match_fraction=recipe.BROADEN_MIN_MATCH_FRACTION,
         expanded=True,
     )
 

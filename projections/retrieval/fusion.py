@@ -56,6 +56,15 @@ candidates, not how relevant it is, so under RRF a floor is a rank-position floo
 named alternative for ranking experiments, not the default.
 
 Recipes are frozen dataclasses; derive a variant with ``dataclasses.replace(HYBRID, ...)``.
+Their default values are the retrieval recipe's (:mod:`recipe`).
+
+In SQL
+------
+Search fuses in PostgreSQL (projections/search.py). Each normalisation above has its SQL
+rendering beside it (``cosine_sql``, ``bm25_sql``, ``recency_sql``, ``WeightedFusion.score_sql``),
+and the statement is built from them, so the weights and the half-life are the recipe's values
+and nowhere else. tests/integration/test_fusion_sql.py evaluates the renderings in PostgreSQL over
+a grid of signals (NULL, NaN, negative, past 1, future timestamps) against the Python functions.
 """
 
 from __future__ import annotations
@@ -64,6 +73,8 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Sequence, Union
+
+from projections.retrieval import recipe
 
 __all__ = [
     "HYBRID",
@@ -76,9 +87,12 @@ __all__ = [
     "normalise_bm25",
     "normalise_cosine",
     "recency_weight",
+    "bm25_sql",
+    "cosine_sql",
+    "recency_sql",
 ]
 
-DAY = 86_400.0
+DAY = recipe.DAY
 
 
 @dataclass(frozen=True)
@@ -111,11 +125,25 @@ def normalise_cosine(cosine: float | None) -> float:
     return min(1.0, max(0.0, cosine))
 
 
+def cosine_sql(cosine: str) -> str:
+    """:func:`normalise_cosine` of the float8 SQL expression ``cosine``. PostgreSQL orders NaN
+    above every number, so NaN (like NULL) is spelled out as 0."""
+    return (f"CASE WHEN {cosine} IS NULL OR {cosine} = 'NaN'::float8 THEN 0.0::float8\n"
+            f"                ELSE least(1.0::float8, greatest(0.0::float8, {cosine})) END")
+
+
 def normalise_bm25(score: float | None, query_idf_mass: float) -> float:
     """``min(1, score / query_idf_mass)``; 0 when either is missing or non-positive."""
     if score is None or math.isnan(score) or score <= 0 or query_idf_mass <= 0:
         return 0.0
     return min(1.0, score / query_idf_mass)
+
+
+def bm25_sql(score: str, query_idf_mass: str) -> str:
+    """:func:`normalise_bm25` of the float8 SQL expressions ``score`` and ``query_idf_mass``
+    (NULL or NaN BM25 -> 0, as ``None`` and NaN in Python)."""
+    return (f"CASE WHEN {query_idf_mass} > 0 AND {score} > 0 AND {score} <> 'NaN'::float8\n"
+            f"                THEN least(1.0::float8, {score} / {query_idf_mass}) ELSE 0.0::float8 END")
 
 
 def _age_seconds(created_at: datetime, now: datetime) -> float:
@@ -133,6 +161,20 @@ def recency_weight(created_at: datetime | None, now: datetime, half_life_seconds
     return 0.5 ** (_age_seconds(created_at, now) / half_life_seconds)
 
 
+#: Half-lives past which 0.5 ** x is below the smallest double: Python gives 0, PostgreSQL's
+#: power() raises "value out of range: underflow", so the SQL answers 0 itself.
+_UNDERFLOW_HALF_LIVES = 1074.0
+
+
+def recency_sql(created_at: str, now: str, half_life_seconds: float) -> str:
+    """:func:`recency_weight` of the timestamptz SQL expressions ``created_at`` and ``now``."""
+    half_lives = (f"greatest(0.0::float8, extract(epoch FROM {now} - {created_at})::float8)\n"
+                  f"                                        / {float(half_life_seconds)!r}::float8")
+    return (f"CASE WHEN {created_at} IS NULL THEN 0.0::float8\n"
+            f"                WHEN {half_lives} > {_UNDERFLOW_HALF_LIVES!r}::float8 THEN 0.0::float8\n"
+            f"                ELSE power(0.5::float8, {half_lives}) END")
+
+
 def _check_unique(candidates: Sequence[Candidate]) -> None:
     ids = [c.chunk_id for c in candidates]
     if len(set(ids)) != len(ids):
@@ -144,10 +186,10 @@ class WeightedFusion:
     """Weighted sum of normalised signals (see the module docstring)."""
 
     name: str = "hybrid-v1"
-    w_vector: float = 0.45
-    w_bm25: float = 0.45
-    w_recency: float = 0.10
-    recency_half_life_seconds: float = 14 * DAY
+    w_vector: float = recipe.W_VECTOR
+    w_bm25: float = recipe.W_LEXICAL
+    w_recency: float = recipe.W_RECENCY
+    recency_half_life_seconds: float = recipe.RECENCY_HALF_LIFE_SECONDS
 
     def __post_init__(self) -> None:
         ws = (self.w_vector, self.w_bm25, self.w_recency)
@@ -164,6 +206,14 @@ class WeightedFusion:
         r = recency_weight(c.created_at, now, self.recency_half_life_seconds)
         s = self.w_vector * v + self.w_bm25 * lex + self.w_recency * r
         return ScoredCandidate(c.chunk_id, min(1.0, max(0.0, s)), v, lex, r, c.payload)
+
+    def score_sql(self, vector: str, lexical: str, recency: str) -> str:
+        """The fused score of :meth:`score_one` in SQL, of the normalised components' SQL
+        expressions (``cosine_sql``, ``bm25_sql``, ``recency_sql``): the weighted sum clamped
+        to [0, 1]."""
+        return (f"least(1.0::float8, greatest(0.0::float8, {float(self.w_vector)!r}::float8 * {vector}\n"
+                f"                                          + {float(self.w_bm25)!r}::float8 * {lexical}"
+                f" + {float(self.w_recency)!r}::float8 * {recency}))")
 
     def fuse(self, candidates: Sequence[Candidate], *, now: datetime,
              query_idf_mass: float) -> list[ScoredCandidate]:
@@ -183,11 +233,11 @@ class RRFFusion:
     """Reciprocal Rank Fusion over the vector, BM25 and (optionally) recency rankings."""
 
     name: str = "rrf-60"
-    k: int = 60
+    k: int = recipe.RRF_K
     w_vector: float = 1.0
     w_bm25: float = 1.0
     w_recency: float = 0.0
-    recency_half_life_seconds: float = 14 * DAY
+    recency_half_life_seconds: float = recipe.RECENCY_HALF_LIFE_SECONDS
 
     def __post_init__(self) -> None:
         if self.k < 0:
