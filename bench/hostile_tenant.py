@@ -36,7 +36,7 @@ import numpy as np
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
-from context_engine.api.status import error_info
+from context_engine.serving.status import error_info
 
 from common import (ServerMetrics, Stack, _cpu_seconds, add_setting_option, drive_closed_loop, drive_open_loop,
                     free_port, load_average, machine, percentile, stack_pids, stack_settings, wait_quiet)

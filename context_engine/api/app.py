@@ -11,8 +11,9 @@ import structlog
 from upsquad.context.v1 import context_pb2, context_pb2_grpc
 
 from context_engine.api.context_servicer import ContextEngineServicer
-from context_engine.api.interceptors import Authentication, ErrorsAndAccessLog
-from context_engine.api.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
+from context_engine.api.interceptors import Authentication
+from context_engine.serving.interceptors import ErrorsAndAccessLog
+from context_engine.serving.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
 from context_engine.auth import TokenVerifier
 from commands.deps import Deps
 from commands.write_budget import WriteBudget

@@ -13,7 +13,8 @@ from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine import validation
-from context_engine.api.interceptors import current_principal, metadata_value
+from context_engine.api.interceptors import current_principal
+from context_engine.serving.interceptors import metadata_value
 from commands.assemble_context import AssembleContext, assemble_context
 from commands.create_snapshot import CreateSnapshot, create_snapshot
 from commands.deps import Deps

@@ -11,7 +11,7 @@ from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.api.app import SERVICE_NAME
 from context_engine.api.context_servicer import PENDING
-from context_engine.api.status import error_info
+from context_engine.serving.status import error_info
 from context_engine.auth import ensure_dev_key, mint_token
 
 

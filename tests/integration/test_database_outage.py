@@ -18,7 +18,7 @@ import grpc
 import pytest
 from upsquad.context.v1 import context_pb2 as pb
 
-from context_engine.api.status import error_info
+from context_engine.serving.status import error_info
 from context_engine.embedded.postgres import EmbeddedPostgres
 from tests.fixtures.engine import running_engine, unique
 

@@ -14,7 +14,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from upsquad.context.v1 import context_pb2 as pb
 
-from context_engine.api.status import error_info
+from context_engine.serving.status import error_info
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from projections import deferred_indexing

@@ -22,7 +22,7 @@ from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.api.app import build_api_server
-from context_engine.api.status import error_info
+from context_engine.serving.status import error_info
 from commands.deps import EventRejected
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from projections import session_projector

@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.ml.v1 import detector_pb2
 
-from context_engine.api.status import error_info
+from context_engine.serving.status import error_info
 from context_engine.config import Settings
 from inference.detector.server import build_detector_server, start_detector
 from inference.detector.settings import DetectorSettings

@@ -11,7 +11,7 @@ import pytest
 from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine import hashing
-from context_engine.api.status import error_info
+from context_engine.serving.status import error_info
 from context_engine.events import canonical_bytes
 from inference.tokens import count_tokens
 from tests.fixtures.engine import unique

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from upsquad.context.v1 import context_pb2 as pb
 
-from context_engine.api.status import error_info
+from context_engine.serving.status import error_info
 from context_engine.scope import Scope
 from tests.security.row_counts import unchanged
 from tests.fixtures.settling import settled

@@ -41,7 +41,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
-from context_engine.api.status import error_info
+from context_engine.serving.status import error_info
 from context_engine.auth import mint_token
 from commands.publish_guardrail import GuardrailPublishError, PublishGuardrail, append_layer, build_event
 from context_engine.events import GUARDRAIL_PUBLISHED, Event

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from context_engine.api.status import status_code_for
+from context_engine.serving.status import status_code_for
 from commands.publish_guardrail import PublishGuardrail, build_event
 from context_engine.config import Settings
 from context_engine.errors import DomainError

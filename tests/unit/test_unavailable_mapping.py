@@ -16,8 +16,8 @@ from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine import errors
-from context_engine.api.interceptors import ErrorsAndAccessLog
-from context_engine.api.status import error_info
+from context_engine.serving.interceptors import ErrorsAndAccessLog
+from context_engine.serving.status import error_info
 from context_engine.embedded.process import free_port
 
 DB, BROKER = errors.DATABASE_UNAVAILABLE, errors.BROKER_UNAVAILABLE

@@ -1,6 +1,6 @@
-"""gRPC server wiring shared by the ContextEngine API and the ML detector: grpc.aio, standard
-health checking (overall and per service), server reflection, message-size limits and
-graceful shutdown."""
+"""The gRPC server both services run (the ContextEngine API and the ML detector): grpc.aio,
+standard health checking (overall and per service), server reflection, message- and
+metadata-size limits, the bind, and graceful shutdown on SIGTERM / SIGINT."""
 
 from __future__ import annotations
 
