@@ -12,7 +12,7 @@ from context_engine import validation
 from commands.deps import Deps
 from commands.session_access import visible_session
 from context_engine.errors import AlreadyExists
-from context_engine.events import SNAPSHOT_CREATED, Event, session_aggregate
+from context_engine.events import Event, SessionRef, SnapshotCreated
 from projections import queries
 from context_engine.visibility import Visibility
 from projections.database import org_transaction
@@ -41,8 +41,6 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
     validation.session_id(command.session_id)
     validation.name(command.snapshot_name, "snapshot_name")
     org = principal.scope.org_id
-    session_key = f"{org}/{command.session_id}"
-
     own = Visibility.of(principal.scope)  # the name is taken only by this scope's own snapshot
     async with visible_session(deps, principal, command.session_id) as (conn, _):
         found = await queries.snapshot_by_name(conn, org, command.session_id, command.snapshot_name, own)
@@ -50,11 +48,10 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
             raise _taken(command.session_id, command.snapshot_name)
 
     snapshot_id = str(uuid.uuid4())
-    event = Event(type=SNAPSHOT_CREATED, scope=principal.scope, actor=principal.subject,
-                  aggregate=session_aggregate(org, command.session_id),
-                  payload={"session_id": command.session_id, "snapshot_id": snapshot_id,
-                           "name": command.snapshot_name})
-    await deps.append(event, session_key)
+    session = SessionRef(org, command.session_id)
+    event = Event.of(SnapshotCreated(command.session_id, snapshot_id, command.snapshot_name),
+                     scope=principal.scope, actor=principal.subject, aggregate=session.aggregate)
+    await deps.append(event, session.key)
     async with org_transaction(deps.pool, org) as conn:
         snapshot = await queries.snapshot_by_id(conn, org, snapshot_id)
     if snapshot is None:  # a concurrent create of this name by this scope won

@@ -24,7 +24,7 @@ from commands.deps import Deps
 from commands.write_budget import write_bytes
 from commands.session_access import session_claimed_elsewhere
 from context_engine.errors import FailedPrecondition, InvalidArgument
-from context_engine.events import EVENT_INGESTED, Event, session_aggregate
+from context_engine.events import Event, EventIngested, SessionRef
 from context_engine.hashing import sha256_hex
 from inference.tokens import count_tokens
 from projections import queries
@@ -99,48 +99,47 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
     await deps.write_budget.charge(principal.scope.org_id, write_bytes(command.content, metadata))
     client_key, retried_id = idempotency_key(command.idempotency_key)
     org = principal.scope.org_id
-    session_key = f"{org}/{command.session_id}"
-    fields = dict(session_id=command.session_id, event_type=command.event_type,
-                  content_b64=base64.b64encode(command.content).decode(), metadata=metadata,
-                  content_sha256=sha256_hex(command.content), token_count=await _token_count(command.content),
-                  idempotency_key=client_key)
-    event = Event(type=EVENT_INGESTED, scope=principal.scope, actor=principal.subject,
-                  aggregate=session_aggregate(org, command.session_id), payload=fields,
-                  **({"event_id": retried_id} if retried_id else {}))
+    session = SessionRef(org, command.session_id)
+    body = EventIngested(session_id=command.session_id, event_type=command.event_type,
+                         content_b64=base64.b64encode(command.content).decode(), metadata=metadata,
+                         content_sha256=sha256_hex(command.content),
+                         token_count=await _token_count(command.content), idempotency_key=client_key)
+    event = Event.of(body, scope=principal.scope, actor=principal.subject, aggregate=session.aggregate,
+                     **({"event_id": retried_id} if retried_id else {}))
 
     if command.idempotency_key:  # a retry: answer with the first result, if it has landed
-        await deps.freshness.wait(session_key)
-        if (first := await _first(deps, org, command, event)) is not None:
+        await deps.freshness.wait(session.key)
+        if (first := await _first(deps, org, command, event, body)) is not None:
             return first
     await deps.owners.require_writable(principal.scope, command.session_id)
 
-    outcome = await deps.append(event, session_key, idempotency_key=command.idempotency_key
+    outcome = await deps.append(event, session.key, idempotency_key=command.idempotency_key
                                 or event_key(event.event_id))
     if outcome == OUT_OF_SCOPE:  # another scope created the session first
         raise session_claimed_elsewhere(command.session_id)
     if outcome != APPLIED or retried_id:
         # A concurrent call won the key or the id (IDEMPOTENCY_KEY_TAKEN, DUPLICATE; an APPLIED
         # heard for a retried id may be the first record's), or the outcome must be read back.
-        if (first := await _first(deps, org, command, event)) is not None:
+        if (first := await _first(deps, org, command, event, body)) is not None:
             return first
         if retried_id:  # archived, but not in this org: the id is another's
             raise key_reused(command.idempotency_key, retried_id)
         raise session_claimed_elsewhere(command.session_id)  # archived, not applied: OUT_OF_SCOPE
-    return Ingested(event.event_id, fields["content_sha256"], fields["token_count"])
+    return Ingested(event.event_id, body.content_sha256, body.token_count)
 
 
-async def _first(deps: Deps, org: str, command: IngestEvent, event: Event) -> Ingested | None:
+async def _first(deps: Deps, org: str, command: IngestEvent, event: Event,
+                 body: EventIngested) -> Ingested | None:
     """The answer of the request that first used this call's key, if it has landed; refused if
     that request was another one."""
-    p = event.payload
     async with org_transaction(deps.pool, org, readonly=True) as conn:
-        if p["idempotency_key"]:
-            row = await queries.event_by_idempotency_key(conn, org, p["idempotency_key"], command.session_id,
+        if body.idempotency_key:
+            row = await queries.event_by_idempotency_key(conn, org, body.idempotency_key, command.session_id,
                                                          event.scope.path)
             if row is None:
                 return None
             if (row.event_type, row.content_sha256, row.metadata) != \
-                    (p["event_type"], p["content_sha256"], p["metadata"]):
+                    (body.event_type, body.content_sha256, body.metadata):
                 raise key_reused(command.idempotency_key, row.event_id)
             return Ingested(row.event_id, row.content_sha256, row.token_count)
         row = await first_with_id(conn, org, event, command.idempotency_key, command.session_id,

@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from context_engine.errors import InvalidArgument
-from context_engine.events import GUARDRAIL_PUBLISHED, Event
+from context_engine.events import Event, GuardrailPublished
 from context_engine.guardrails.signing import (
     LEVEL_NAMES,
     MAX_LAYER_BYTES,
@@ -37,13 +37,12 @@ from context_engine.guardrails.signing import (
     owner_level,
     sign_layer,
 )
-from projections.database import org_transaction, set_config_sql
-from projections.guardrail_projection import APPLIED, REJECTED_UNTRUSTED_KEY
+from projections.database import org_transaction
+from projections.guardrail_projection import APPLIED, REJECTED_UNTRUSTED_KEY, projected_layer
 from projections.guardrail_queries import (
     GuardrailLayerRow,
     current_layer,
     current_layers,
-    published_layer,
 )
 from context_engine.scope import Scope
 from streams.log import ARCHIVED_CHANNEL
@@ -105,9 +104,8 @@ def build_event(key: Ed25519PrivateKey, command: PublishGuardrail, *, actor: str
     signed_at = max(now_ms, current.effective_at_ms + 1) if current is not None else now_ms
     layer = sign_layer(key, level=command.level, scope_path=command.scope.path,
                        content=command.content, signed_at_ms=signed_at)
-    return Event(GUARDRAIL_PUBLISHED, scope=command.scope,
-                 aggregate=guardrail_aggregate(command.scope.path, command.level),
-                 actor=actor, payload=layer.payload())
+    return Event.of(GuardrailPublished(layer), scope=command.scope,
+                    aggregate=guardrail_aggregate(command.scope.path, command.level), actor=actor)
 
 
 def require_trusted(key: Ed25519PrivateKey, trusted: Collection[str]) -> None:
@@ -200,10 +198,7 @@ async def _decided(conn: asyncpg.Connection, event: Event, heard: asyncio.Future
     notification can be missed); GuardrailPublishError when it refused the layer or was silent."""
     where = f"event {event.event_id} at {meta.topic}[{meta.partition}]@{meta.offset}"
     while True:
-        async with conn.transaction(readonly=True):
-            await conn.execute(set_config_sql({"app.org_id": event.scope.org_id}))
-            row = await published_layer(conn, event.scope.org_id, event.event_id)
-        if row is not None:
+        if (row := await projected_layer(conn, event.scope.org_id, event.event_id)) is not None:
             return row
         if heard.done() and heard.result() != APPLIED:
             outcome = heard.result()

@@ -20,7 +20,7 @@ from commands.deps import Deps
 from commands.write_budget import write_bytes
 from commands.ingest_event import event_key, first_with_id, idempotency_key, key_reused
 from commands.session_access import session_claimed_elsewhere
-from context_engine.events import MEMORY_PUSHED, Event, session_aggregate
+from context_engine.events import Event, MemoryPushed, SessionRef
 from context_engine.hashing import sha256_hex
 from projections import queries
 from projections.database import org_transaction
@@ -62,30 +62,22 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
     await deps.write_budget.charge(principal.scope.org_id, write_bytes(command.content, metadata))
     client_key, retried_id = idempotency_key(command.idempotency_key)
     org = principal.scope.org_id
-    session_key = f"{org}/{command.session_id}"
+    session = SessionRef(org, command.session_id)
     if client_key:
         retried_id = pushed_event_id(principal.scope, command.session_id, client_key)
+    body = MemoryPushed(session_id=command.session_id, agent_id=principal.scope.agent_id,
+                        memory_type=command.memory_type, content_b64=base64.b64encode(command.content).decode(),
+                        metadata=metadata, content_sha256=sha256_hex(command.content))
+    event = Event.of(body, scope=principal.scope, actor=principal.subject, aggregate=session.aggregate,
+                     **({"event_id": retried_id} if retried_id else {}))
 
-    event = Event(
-        type=MEMORY_PUSHED, scope=principal.scope, actor=principal.subject,
-        aggregate=session_aggregate(org, command.session_id),
-        payload={
-            "session_id": command.session_id,
-            "agent_id": principal.scope.agent_id,
-            "memory_type": command.memory_type,
-            "content_b64": base64.b64encode(command.content).decode(),
-            "metadata": metadata,
-            "content_sha256": sha256_hex(command.content),
-        },
-        **({"event_id": retried_id} if retried_id else {}),
-    )
     if retried_id:  # a retry, or a first call with a key: answer with the first result, if it has landed
-        await deps.freshness.wait(session_key)
+        await deps.freshness.wait(session.key)
         if (first := await _first(deps, org, command, event)) is not None:
             return first
     await deps.owners.require_writable(principal.scope, command.session_id)
 
-    outcome = await deps.append(event, session_key,
+    outcome = await deps.append(event, session.key,
                                 idempotency_key=command.idempotency_key or event_key(event.event_id))
     if outcome == OUT_OF_SCOPE:
         raise session_claimed_elsewhere(command.session_id)
@@ -95,7 +87,7 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
         if retried_id:  # archived, but not in this org: the id is another's
             raise key_reused(command.idempotency_key, retried_id)
         raise session_claimed_elsewhere(command.session_id)
-    return Pushed(event.payload["content_sha256"], event.occurred)
+    return Pushed(body.content_sha256, event.occurred)
 
 
 async def _first(deps: Deps, org: str, command: PushContext, event: Event) -> Pushed | None:

@@ -13,7 +13,7 @@ from context_engine import validation
 from commands.deps import Deps
 from commands.session_access import require_rewritable, session_claimed_elsewhere, visible_session
 from context_engine.errors import NotFound
-from context_engine.events import SESSION_ROLLED_BACK, Event, session_aggregate
+from context_engine.events import Event, SessionRef, SessionRolledBack
 from projections import queries
 from projections.session_projector import OUT_OF_SCOPE, UNKNOWN_TARGET
 
@@ -35,18 +35,16 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     validation.session_id(command.session_id)
     validation.version_hash(command.target_version_hash, "target_version_hash")
     org = principal.scope.org_id
-    session_key = f"{org}/{command.session_id}"
-
     async with visible_session(deps, principal, command.session_id, require=require_rewritable) as (conn, _):
         if await queries.session_has_version(conn, org, command.session_id,
                                              command.target_version_hash) is None:
             raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
                            reason="VERSION_NOT_FOUND", metadata={"field": "target_version_hash"})
 
-    event = Event(type=SESSION_ROLLED_BACK, scope=principal.scope, actor=principal.subject,
-                  aggregate=session_aggregate(org, command.session_id),
-                  payload={"session_id": command.session_id, "target_version": command.target_version_hash})
-    outcome = await deps.append(event, session_key)
+    session = SessionRef(org, command.session_id)
+    event = Event.of(SessionRolledBack(command.session_id, command.target_version_hash),
+                     scope=principal.scope, actor=principal.subject, aggregate=session.aggregate)
+    outcome = await deps.append(event, session.key)
     if outcome == OUT_OF_SCOPE:  # the projector applies the same rule
         raise session_claimed_elsewhere(command.session_id)
     if outcome == UNKNOWN_TARGET:

@@ -10,6 +10,7 @@ from collections import OrderedDict
 import asyncpg
 
 from context_engine.errors import NotFound, PermissionDenied
+from context_engine.events import SessionRef
 from projections import queries
 from projections.database import org_transaction
 from context_engine.scope import Scope
@@ -54,7 +55,7 @@ async def visible_session(deps, principal, session_id: str, *, require=require_r
     it. `require=require_rewritable` for commands that rewrite it (PERMISSION_DENIED unless the
     caller is its owner scope)."""
     org = principal.scope.org_id
-    await deps.freshness.wait(f"{org}/{session_id}")
+    await deps.freshness.wait(SessionRef(org, session_id).key)
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         yield conn, require(await queries.get_session(conn, org, session_id), principal.scope, session_id)
 
@@ -66,10 +67,10 @@ class SessionOwners:
     def __init__(self, pool: asyncpg.Pool, capacity: int = 100_000) -> None:
         self._pool = pool
         self._capacity = capacity
-        self._known: OrderedDict[tuple[str, str], Scope] = OrderedDict()
+        self._known: OrderedDict[SessionRef, Scope] = OrderedDict()
 
     async def owner(self, org_id: str, session_id: str) -> Scope | None:
-        key = (org_id, session_id)
+        key = SessionRef(org_id, session_id)
         if (scope := self._known.get(key)) is not None:
             self._known.move_to_end(key)
             return scope

@@ -55,6 +55,8 @@ from context_engine.guardrails.signing import (
 )
 from context_engine.guardrails.trust import configured_trusted_fingerprints
 from context_engine.metrics import GUARDRAIL_LAYERS_REFUSED
+from projections.database import set_config_sql
+from projections.guardrail_queries import GuardrailLayerRow, published_layer
 
 log = structlog.get_logger("context_engine.guardrails")
 
@@ -197,6 +199,13 @@ async def refused_on_the_log(conn: asyncpg.Connection, raw: bytes, *,
     async with conn.transaction(readonly=True):
         await conn.execute("SELECT set_config('app.org_id', $1, true)", event.scope.org_id)
         return bool(await refuse_layers(conn, event.scope.org_id, [event], trusted=trusted, report=False))
+
+
+async def projected_layer(conn: asyncpg.Connection, org_id: str, event_id: str) -> GuardrailLayerRow | None:
+    """The layer the event became, if projected yet: read in a read-only transaction of its org."""
+    async with conn.transaction(readonly=True):
+        await conn.execute(set_config_sql({"app.org_id": org_id}))
+        return await published_layer(conn, org_id, event_id)
 
 
 def _claimed_fingerprint(event: Event) -> str | None:

@@ -26,7 +26,7 @@ import asyncpg
 import numpy as np
 import structlog
 
-from context_engine.events import EMBEDDING_RECORDED, Event, embedding_aggregate
+from context_engine.events import EmbeddingRecorded, Event, embedding_aggregate
 from inference.embedder import Embedder
 from context_engine.metrics import EMBEDDED_TEXTS, EMBEDDING_BATCH_SECONDS
 from projections.chunk_projection import vector_to_b64
@@ -145,6 +145,5 @@ class EmbeddingPipeline:
 
 
 def recorded_event(org_id: str, model_version: str, vectors: list[tuple[str, Any]]) -> Event:
-    return Event(EMBEDDING_RECORDED, Scope(org_id), embedding_aggregate(org_id), ACTOR, {
-        "model_version": model_version,
-        "vectors": [{"content_hash": h, "vector": vector_to_b64(v)} for h, v in vectors]})
+    body = EmbeddingRecorded(model_version, [{"content_hash": h, "vector": vector_to_b64(v)} for h, v in vectors])
+    return Event.of(body, scope=Scope(org_id), aggregate=embedding_aggregate(org_id), actor=ACTOR)

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import structlog
 
-from context_engine.events import MEMORY_SCRUBBED, Event, decode
+from context_engine.events import Event, MemoryScrubbed, decode
 from inference import pii_scrub
 from inference.pii_client import PiiClient
 from projections.database import org_transaction
@@ -59,14 +59,11 @@ class PiiScanner:
         if status == "quarantined":
             log.warning("pii scan fell back to regex; memory quarantined", org_id=org_id,
                         memory_event_id=memory_event_id, reason=result.fallback_reason)
-        await self.send(Event(MEMORY_SCRUBBED, pushed.scope, pushed.aggregate, ACTOR, {
-            "memory_event_id": pushed.event_id,
-            "content_b64": base64.b64encode(result.content).decode("ascii"),
-            "status": status,
-            "spans_by_class": dict(result.spans_by_class),
-            "detector_version": result.detector_version,
-            "fallback_reason": result.fallback_reason,
-        }))
+        scrubbed = MemoryScrubbed(memory_event_id=pushed.event_id,
+                                  content_b64=base64.b64encode(result.content).decode("ascii"), status=status,
+                                  spans_by_class=dict(result.spans_by_class),
+                                  detector_version=result.detector_version, fallback_reason=result.fallback_reason)
+        await self.send(Event.of(scrubbed, scope=pushed.scope, aggregate=pushed.aggregate, actor=ACTOR))
         return status
 
     async def backlog(self, *, older_than: dt.timedelta, statuses: tuple[str, ...] = ("pending",),
