@@ -75,7 +75,7 @@ own projectors handle them); a type it does not know fails decoding, hence the b
 For every session event, `Event.aggregate` must be `session_aggregate(org_id, session_id)`, the
 partition key that makes the session's log order total.
 
-Chain (context_engine.hashing): v0 = genesis_version(f"{org_id}/{session_id}"); a new item gets
+Chain (context_engine.hashing): v0 = SessionRef(org_id, session_id).genesis; a new item gets
 seq = max_seq + 1 (seq is monotonic and never reused) and version = next_version(current
 version, Event.content_hash); after a rollback the next item chains from the target version.
 """
@@ -106,13 +106,21 @@ from context_engine.events import (
     MEMORY_SCRUBBED,
     SESSION_ROLLED_BACK,
     SNAPSHOT_CREATED,
+    CompactionThreshold,
+    EmbeddingRecorded,
     Event,
     EventDecodeError,
+    EventIngested,
+    MemoryPushed,
+    MemoryScrubbed,
+    SessionRef,
+    SessionRolledBack,
+    SnapshotCreated,
     decode,
 )
 from context_engine.errors import InvalidArgument, unavailable_cause
 from context_engine.guardrails.signing import PLATFORM_ORG
-from context_engine.hashing import genesis_version, is_sha256_hex, next_version, sha256_hex
+from context_engine.hashing import is_sha256_hex, next_version, sha256_hex
 from projections.database import require_standard_strings, set_config_sql, sql_literal
 from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
 from context_engine.scope import Scope
@@ -169,11 +177,6 @@ class Applied:
     # Work this event asks of the job streams, published by the worker after the commit:
     # (stream kind, JobMessage) — embedding of new chunks, the PII scan of a push, compaction.
     jobs: tuple[tuple[str, JobMessage], ...] = ()
-
-
-def session_key(org_id: str, session_id: str) -> str:
-    """The key of genesis_version: v0 of a session."""
-    return f"{org_id}/{session_id}"
 
 
 async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
@@ -507,8 +510,8 @@ def _json_text(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def _content(payload: dict[str, Any]) -> bytes:
-    return base64.b64decode(payload["content_b64"], validate=True)
+def _content(content_b64: str) -> bytes:
+    return base64.b64decode(content_b64, validate=True)
 
 
 _INSERT_ITEMS = """
@@ -620,7 +623,6 @@ class _OrgApplier:
             self.used_keys.update((r["session_id"], r["scope_path"], r["idempotency_key"]) for r in rows)
 
     async def apply(self, rec: LogRecord, ev: Event) -> Applied:
-        p = ev.payload
         sid = _session_id(ev)
         if ev.type in _SESSION_TYPES and sid in self.sessions and not self.sessions[sid].admits(ev.scope):
             return _applied(rec, ev, OUT_OF_SCOPE)
@@ -628,32 +630,34 @@ class _OrgApplier:
             key = _idempotency_key(ev)
             if key and (sid, ev.scope.path, key) in self.used_keys:
                 return _applied(rec, ev, IDEMPOTENCY_KEY_TAKEN)
-            content = _content(p)
-            s = self._session(p["session_id"], ev)
+            body = EventIngested.from_payload(ev.payload)
+            content = _content(body.content_b64)
+            s = self._session(body.session_id, ev)
             seq, version = self._append(s, ev, "event")
             if key:
                 self.used_keys.add((s.session_id, ev.scope.path, key))
             sc = ev.scope
             self.pending.events.append((
                 ev.event_id, s.session_id, seq, sc.path, sc.pillar_id, sc.team_id, sc.agent_id,
-                str(p["event_type"]), content, _json_text(p.get("metadata") or {}),
-                p.get("content_sha256") or sha256_hex(content), int(p.get("token_count") or 0),
+                body.event_type, content, _json_text(body.metadata),
+                body.content_sha256 or sha256_hex(content), body.token_count,
                 version, ev.occurred, key))
             await self.chunks.add(event_id=ev.event_id, source_kind="event", session_id=s.session_id,
-                                  scope_path=sc.path, content=content, metadata=p.get("metadata") or {},
+                                  scope_path=sc.path, content=content, metadata=body.metadata,
                                   created_at=ev.occurred)
             return _applied(rec, ev, APPLIED, s.session_id, seq, version)
         if ev.type == MEMORY_PUSHED:
-            content = _content(p)
-            sid = p.get("session_id") or None
+            pushed = MemoryPushed.from_payload(ev.payload)
+            content = _content(pushed.content_b64)
+            sid = pushed.session_id or None
             seq = version = None
             if sid:
                 seq, version = self._append(self._session(sid, ev), ev, "memory")
             sc = ev.scope
             self.pending.memories.append((
                 ev.event_id, sc.path, sc.pillar_id, sc.team_id, sc.agent_id,
-                p.get("agent_id") or sc.agent_id, sid, seq, str(p["memory_type"]), content,
-                _json_text(p.get("metadata") or {}), p.get("content_sha256") or sha256_hex(content),
+                pushed.agent_id or sc.agent_id, sid, seq, pushed.memory_type, content,
+                _json_text(pushed.metadata), pushed.content_sha256 or sha256_hex(content),
                 version, ev.occurred))
             return dataclasses.replace(_applied(rec, ev, APPLIED, sid, seq, version),
                                        jobs=(("pii", pii_scan_job(ev.scope, ev.event_id)),))
@@ -668,8 +672,9 @@ class _OrgApplier:
         if ev.type == MEMORY_SCRUBBED:
             return await self._scrubbed(rec, ev)
         if ev.type == EMBEDDING_RECORDED:
-            await self.chunks.record_vectors(event_id=ev.event_id, model_version=p["model_version"],
-                                             vectors=p["vectors"], recorded_at=ev.occurred)
+            recorded = EmbeddingRecorded.from_payload(ev.payload)
+            await self.chunks.record_vectors(event_id=ev.event_id, model_version=recorded.model_version,
+                                             vectors=recorded.vectors, recorded_at=ev.occurred)
             return _applied(rec, ev, APPLIED)
         return _applied(rec, ev, IGNORED)  # another projector's event: archived, nothing more
 
@@ -706,7 +711,7 @@ class _OrgApplier:
             raise ValueError("payload.session_id is empty")
         s = self.sessions.get(session_id)
         if s is None:
-            v0 = genesis_version(session_key(self.org_id, session_id))
+            v0 = SessionRef(self.org_id, session_id).genesis
             sc = ev.scope
             s = _Session(session_id, sc.path, sc.pillar_id, sc.team_id, sc.agent_id, v0, v0, 0, 0,
                          0, 0, ev.occurred, ev.occurred, ev.event_id, dirty=True)
@@ -728,7 +733,8 @@ class _OrgApplier:
         return seq, version
 
     async def _rollback(self, rec: LogRecord, ev: Event) -> Applied:
-        sid, target = ev.payload["session_id"], ev.payload["target_version"]
+        body = SessionRolledBack.from_payload(ev.payload)
+        sid, target = body.session_id, body.target_version
         s = self.sessions.get(sid) if isinstance(sid, str) else None
         if s is None or not isinstance(target, str):
             return _applied(rec, ev, UNKNOWN_TARGET)
@@ -758,25 +764,24 @@ class _OrgApplier:
         """The PII scan's result for a pushed memory: its redacted content replaces the raw one;
         semantic memory becomes chunks, searchable only when the status is 'clear'. A later scan
         (pii rescan) replaces an earlier one's chunks."""
-        p = ev.payload
-        status = p["status"]
+        body = MemoryScrubbed.from_payload(ev.payload)
+        status = body.status
         if status not in ("clear", "quarantined"):
             raise ValueError(f"memory.scrubbed status {status!r}")
-        content = _content(p)
+        content = _content(body.content_b64)
         await self.flush()
         row = await self.conn.fetchrow(
             "UPDATE memory_versions SET content = $3, pii_status = $4, pii_spans = $5::text::jsonb, "
             "  pii_detector_version = $6, pii_fallback_reason = $7, pii_scanned_by = $8 "
             "WHERE org_id = $1 AND event_id = $2 "
             "RETURNING scope_path, session_id, memory_type, metadata::text AS metadata, created_at, active",
-            self.org_id, uuid.UUID(p["memory_event_id"]), content, status,
-            _json_text(p.get("spans_by_class") or {}), str(p.get("detector_version") or ""),
-            str(p.get("fallback_reason") or ""), ev.event_id)
+            self.org_id, uuid.UUID(body.memory_event_id), content, status,
+            _json_text(body.spans_by_class), body.detector_version, body.fallback_reason, ev.event_id)
         if row is None:
             return _applied(rec, ev, UNKNOWN_TARGET)
         if row["memory_type"] == SEMANTIC:
-            await self.chunks.remove_source(p["memory_event_id"])
-            await self.chunks.add(event_id=p["memory_event_id"], source_kind="memory",
+            await self.chunks.remove_source(body.memory_event_id)
+            await self.chunks.add(event_id=body.memory_event_id, source_kind="memory",
                                   session_id=row["session_id"], scope_path=row["scope_path"], content=content,
                                   metadata=orjson.loads(row["metadata"]), created_at=row["created_at"],
                                   pii_status=status, active=row["active"], added_by=ev.event_id)
@@ -786,17 +791,17 @@ class _OrgApplier:
         """AssembleContext saw the session's history cross 80 % of its budget (or fall back under
         it): open (close) the session's compaction request. Only the event that opens one asks
         for a CompactionJob, so there is one job per crossing whoever observed it."""
-        p = ev.payload
-        sid = p["session_id"]
-        if p["crossed"]:
+        body = CompactionThreshold.from_payload(ev.payload)
+        sid = body.session_id
+        if body.crossed:
             opened = await self.conn.fetchval(
                 "INSERT INTO compaction_requests (org_id, session_id, opened_by, token_count, token_budget, opened_at) "
                 "VALUES ($1, $2, $3, $4, $5, $6) "
                 "ON CONFLICT (org_id, session_id) WHERE closed_by IS NULL DO NOTHING RETURNING opened_by",
-                self.org_id, sid, ev.event_id, int(p["token_count"]), int(p["token_budget"]), ev.occurred)
+                self.org_id, sid, ev.event_id, body.token_count, body.token_budget, ev.occurred)
             if opened is None:
                 return _applied(rec, ev, IGNORED)
-            job = compaction_job(ev.scope, sid, int(p["token_count"]), int(p["token_budget"]))
+            job = compaction_job(ev.scope, sid, body.token_count, body.token_budget)
             return dataclasses.replace(_applied(rec, ev, APPLIED, sid), jobs=(("compaction", job),))
         closed = await self.conn.fetchval(
             "UPDATE compaction_requests SET closed_by = $3, closed_at = $4 "
@@ -805,14 +810,14 @@ class _OrgApplier:
         return _applied(rec, ev, APPLIED if closed else IGNORED, sid)
 
     async def _snapshot(self, rec: LogRecord, ev: Event) -> Applied:
-        p = ev.payload
-        sid, snapshot_id, name = p["session_id"], str(uuid.UUID(p["snapshot_id"])), p["name"]
+        body = SnapshotCreated.from_payload(ev.payload)
+        sid, snapshot_id, name = body.session_id, str(uuid.UUID(body.snapshot_id)), body.name
         if not isinstance(sid, str) or not sid or not isinstance(name, str) or not name:
             raise ValueError("payload.session_id and payload.name must be non-empty strings")
         s = self.sessions.get(sid)
         await self.flush()
         if s is None:
-            version, seq, items = genesis_version(session_key(self.org_id, sid)), 0, []
+            version, seq, items = SessionRef(self.org_id, sid).genesis, 0, []
         else:
             version, seq = s.version, s.seq
             items = [
