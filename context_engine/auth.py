@@ -76,7 +76,7 @@ def mint_token(key: bytes, *, org: str, clearance: int, pillar: str = "", team: 
 class TokenVerifier:
     def __init__(self, settings: Settings) -> None:
         self._algorithms = list(settings.jwt_algorithms)
-        self._keys: dict[str, object] = {}
+        self._keys: dict[str, str | bytes] = {}  # HS256's secret; the PEM of the asymmetric ones
         if "HS256" in self._algorithms:
             self._keys["HS256"] = ensure_dev_key(settings.hs256_key_path)
         asymmetric = [a for a in self._algorithms if a != "HS256"]

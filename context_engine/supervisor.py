@@ -27,6 +27,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -37,6 +39,10 @@ from context_engine.embedded.process import child_preexec
 from context_engine.guardrails.signing import ensure_signing_key, operator_key_path
 from inference.detector.token import service_token as detector_service_token
 from projections.migrate import migrate
+
+if TYPE_CHECKING:
+    from context_engine.embedded.broker import EmbeddedBroker
+    from context_engine.embedded.postgres import EmbeddedPostgres
 from streams import readiness
 from streams.kafka_security import client_security
 from streams.topics import LogTopics, ensure_topics
@@ -74,7 +80,8 @@ class Child:
     restart_at: float | None = None  # when a dead child is due to start again
     withheld: re.Pattern[str] | None = None  # environment variables (credentials) this child does not need
 
-    def start(self, env: dict[str, str]) -> None:
+    def start(self, env: dict[str, str]) -> int:
+        """Start the child; its pid."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "context_engine", *self.args],
@@ -82,6 +89,7 @@ class Child:
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=child_preexec(own_process_group=True))
         log.close()
+        return self.proc.pid
 
     @property
     def exited(self) -> int | None:
@@ -106,8 +114,8 @@ class Stack:
         self.settings = settings
         self.home = settings.home_dir
         self.logs = self.home / "logs"
-        self.postgres = None
-        self.broker = None
+        self.postgres: EmbeddedPostgres | None = None
+        self.broker: EmbeddedBroker | None = None
         self.children: list[Child] = []
         self.stopping = threading.Event()
         self.broker_restarts: list[float] = []  # monotonic times of restarts in the last minute
@@ -183,8 +191,8 @@ class Stack:
             Child("detector", ["serve", "detector"], self.logs / "detector.log", withheld=DETECTOR_WITHHELD),
         ]
         for child in self.children:
-            child.start(env)
-            self.say(f"{child.name} started (pid {child.proc.pid}, log {child.log_path})")
+            pid = child.start(env)
+            self.say(f"{child.name} started (pid {pid}, log {child.log_path})")
         return env
 
     def wait_until_serving(self) -> None:
@@ -249,11 +257,11 @@ class Stack:
         child.restart_at = None
         child.restarts.append(now)
         try:
-            child.start(self.env)
+            pid = child.start(self.env)
         except OSError as exc:
             self.say(f"{child.name} could not be restarted ({exc}); stopping the stack")
             return False
-        self.say(f"{child.name} restarted (pid {child.proc.pid})")
+        self.say(f"{child.name} restarted (pid {pid})")
         return True
 
     def _restart_broker(self) -> bool:
@@ -267,6 +275,7 @@ class Stack:
             self.say(f"broker died {len(self.broker_restarts)} times in a minute; stopping the stack")
             return False
         self.say("broker exited; restarting it (the API restores the log from the archive)")
+        assert self.broker is not None, "only the embedded broker is restarted"
         try:
             self.broker.restart()
         except Exception as exc:  # it may crash again at once: the next pass retries
@@ -290,11 +299,11 @@ class Stack:
         self.say("stopped")
 
 
-def stack_file(home) -> "os.PathLike":
+def stack_file(home: Path) -> Path:
     return home / "run" / "stack.json"
 
 
-def write_stack_file(home, database_url: str, bootstrap: str) -> None:
+def write_stack_file(home: Path, database_url: str, bootstrap: str) -> None:
     """Where the running stack's PostgreSQL and broker are, for CLI commands (replay, verify…)
     run beside it: `context-engine verify --data-dir DIR` then needs no other option."""
     path = stack_file(home)
@@ -310,7 +319,7 @@ def write_stack_file(home, database_url: str, bootstrap: str) -> None:
     os.replace(tmp, path)
 
 
-def read_stack_file(home) -> dict[str, str]:
+def read_stack_file(home: Path) -> dict[str, str]:
     try:
         return json.loads(stack_file(home).read_text())
     except (OSError, ValueError):

@@ -70,7 +70,11 @@ def int8_matmul_model(model: bytes) -> tuple[bytes, int]:
             return weight.name, np.broadcast_to(scales.reshape(-1), (columns,)).copy(), redundant
         return None
 
-    kept, added, dropped, orphans, rewritten = [], [], set(), set(), 0
+    kept: list = []
+    added: list = []
+    dropped: set[int] = set()  # id() of the nodes a rewrite leaves unused
+    orphans: set[str] = set()
+    rewritten = 0
     for node in graph.node:
         found = int8_weight(node.input[1]) if node.op_type == "MatMul" else None
         if found is None:

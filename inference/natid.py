@@ -139,7 +139,7 @@ def _ssn_ok(area: str, group: str, serial: str) -> bool:
 
 
 def _nino_ok(prefix: str) -> bool:
-    first, second = prefix
+    first, second = prefix[0], prefix[1]
     return (
         first not in "DFIQUV"
         and second not in "DFIOQUV"

@@ -68,10 +68,10 @@ class WindowedStream(faust.Stream):
         self._enable_passive(cast(ChannelT, aiter(self.channel)))  # drains the channel through `collect`
         try:
             while not self.should_stop:
-                await self.wait_for_stopped(arrived)
+                await self.wait_for_stopped(arrived)  # type: ignore[arg-type]  # mode waits on any Event; its hint names its own
                 remaining = first_at + window - loop.time()
                 if not full.is_set() and remaining > 0:
-                    await self.wait_for_stopped(full, timeout=remaining)
+                    await self.wait_for_stopped(full, timeout=remaining)  # type: ignore[arg-type]  # as above
                 if not pending:
                     continue  # woken by the stream stopping
                 batch = pending[:]

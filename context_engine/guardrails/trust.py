@@ -154,7 +154,7 @@ class TrustSet:
         # written in the last RACY_NS may be written again within the same mtime tick and the
         # same size (a PEM public key always has 113 bytes), which its stat would not show: it is
         # read again at the next look, as git treats racily clean files.
-        racy = sig != _ABSENT and time.time_ns() - sig[2] < RACY_NS
+        racy = isinstance(sig, tuple) and time.time_ns() - sig[2] < RACY_NS
         f.seen, f.fingerprint, f.problem = ((*sig, "racy") if racy else sig), found, None
 
     def _failed(self, f: _File, now: float, problem: str) -> None:

@@ -175,12 +175,15 @@ def _flat(spans: list[tuple[int, int, str, float]]) -> list[tuple[int, int, str,
     return kept
 
 
+PROMPT_LABEL_NAMES = tuple(label for label, _ in PROMPT_LABELS)
+
+
 class PiiDetector:
     """Runs a request's chunks and the canary through one model call and maps the result."""
 
     def __init__(self, model: EntityModel, *, canary: Canary, threshold: float = 0.5,
                  chunk_words: int = 192, chunk_overlap: int = 48,
-                 labels: Sequence[str] = tuple(label for label, _ in PROMPT_LABELS)) -> None:
+                 labels: Sequence[str] = PROMPT_LABEL_NAMES) -> None:
         self.model = model
         self.canary = canary
         self.threshold = threshold
@@ -208,10 +211,10 @@ class PiiDetector:
                     continue
                 found.append((start, end, cls, float(span.score)))
         to_bytes = byte_offsets(text)
-        spans = [PiiSpan(cls, to_bytes[start], to_bytes[end], min(max(score, 0.0), 1.0))
-                 for start, end, cls, score in _flat(found)]
-        spans.sort(key=lambda s: (s.start, s.end))
-        return Detection(spans=spans, canary_missing=missing, chunks=len(chunks))
+        pii = [PiiSpan(cls, to_bytes[start], to_bytes[end], min(max(score, 0.0), 1.0))
+               for start, end, cls, score in _flat(found)]
+        pii.sort(key=lambda s: (s.start, s.end))
+        return Detection(spans=pii, canary_missing=missing, chunks=len(chunks))
 
 
 # --- the GLiNER model behind the seam ------------------------------------------------------------
