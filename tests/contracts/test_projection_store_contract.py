@@ -25,7 +25,14 @@ import uuid
 import asyncpg
 import pytest
 
-from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, SESSION_ROLLED_BACK, SNAPSHOT_CREATED, Event, session_aggregate
+from context_engine.events import (
+    EVENT_INGESTED,
+    MEMORY_PUSHED,
+    SESSION_ROLLED_BACK,
+    SNAPSHOT_CREATED,
+    Event,
+    session_aggregate,
+)
 from context_engine.hashing import genesis_version, next_version
 from context_engine.scope import Scope
 from projections.records import LogRecord
