@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from inference.embedder import MATMULS, MiniLMEmbedder
+from inference.minilm_embedder import MATMULS, MiniLMEmbedder
 
 EmbedFn = Callable[[list[str]], np.ndarray]
 

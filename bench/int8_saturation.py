@@ -15,7 +15,7 @@ is int32. This script rewrites each ``DynamicQuantizeMatMul`` of the int8 graph
   on a VNNI CPU it agrees with ``int8``, 0.9937 mean cosine both, min 0.9850 against 0.9856);
 - ``avx2``: the emulation with the int16 clip, what an AVX2-only CPU computes.
 
-Also for the embedder's start-up self-check texts (inference/embedder.py, ``INT8_CHECK_TEXTS``).
+Also for the embedder's start-up self-check texts (inference/int8_check.py, ``INT8_CHECK_TEXTS``).
 The emulation reproduces the failure of issue #18 exactly (random ±127 weights: error 3.48 against
 the test's limit 0.14, tests/unit/test_int8_matmul.py) and, for the packaged model, the numbers
 measured on an AMD EPYC without VNNI (300 LoCoMo turns: min 0.979, mean 0.992).
@@ -33,7 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from inference.embedder import INT8_CHECK_TEXTS, INT8_MIN_COSINE, MiniLMEmbedder  # noqa: E402
+from inference.int8_check import INT8_CHECK_TEXTS, INT8_MIN_COSINE  # noqa: E402
+from inference.minilm_embedder import MiniLMEmbedder  # noqa: E402
 from inference.int8_matmul import int8_matmul_model  # noqa: E402
 
 

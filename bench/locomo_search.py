@@ -48,7 +48,7 @@ from tqdm import tqdm
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
-from inference.embedder import MiniLMEmbedder
+from inference.minilm_embedder import MiniLMEmbedder
 from inference.tokens import count_tokens
 from projections.retrieval.bm25 import STOP_WORDS, analyze
 

@@ -35,7 +35,7 @@ def _embedder_status(settings: Settings) -> dict[str, object]:
     its int8 self-check says which products this CPU computes with."""
     if settings.embedder == "openai":
         return {"model": settings.embedder_model, "embedder": "openai", "url": settings.embedder_url}
-    from inference.embedder import MiniLMEmbedder
+    from inference.minilm_embedder import MiniLMEmbedder
 
     row: dict[str, object] = {"model": "all-MiniLM-L6-v2", "embedder": "minilm"}
     try:
@@ -627,4 +627,3 @@ def keys_list_log_keys(data_dir: DataDir = None) -> None:
 
 def main() -> None:
     app()
-

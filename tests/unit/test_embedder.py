@@ -15,18 +15,10 @@ import numpy as np
 import pytest
 
 from context_engine.errors import Unavailable
-from inference.embedder import (
-    INT8_CHECK_TEXTS,
-    INT8_MIN_COSINE,
-    Embedder,
-    EmbeddingError,
-    EmbeddingUnavailable,
-    Int8Check,
-    MiniLMEmbedder,
-    OpenAIEmbedder,
-    build_embedder,
-    compare_products,
-)
+from inference.embedder import Embedder, EmbeddingError, EmbeddingUnavailable, build_embedder
+from inference.int8_check import INT8_CHECK_TEXTS, INT8_MIN_COSINE, Int8Check, compare_products
+from inference.minilm_embedder import MiniLMEmbedder
+from inference.openai_embedder import OpenAIEmbedder
 
 # ============================================================================================
 # MiniLM
@@ -271,7 +263,7 @@ def test_minilm_rejects_non_strings(minilm: MiniLMEmbedder) -> None:
 
 @pytest.mark.parametrize("max_rows", [1, 4, 32])
 def test_chunk_plan_covers_everything_in_order(max_rows: int) -> None:
-    from inference.embedder import _plan_chunks
+    from inference.minilm_embedder import _plan_chunks
 
     lengths = sorted([3, 3, 4, 10, 11, 12, 40, 41, 200, 256] * 7)
     chunks = _plan_chunks(lengths, max_rows)
