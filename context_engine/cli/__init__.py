@@ -1,0 +1,34 @@
+"""The `context-engine` command line: the app, assembled from one module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from context_engine.cli.guardrail import guardrail_app
+from context_engine.cli.keys import keys_app
+from context_engine.cli.models import models_app
+from context_engine.cli.pii import pii_app
+from context_engine.cli.processes import serve_app, up, worker
+from context_engine.cli.reindex import reindex
+from context_engine.cli.replay import replay, verify
+from context_engine.cli.stats import stats_app
+from context_engine.cli.token import token_app
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Context Engine: event-sourced context and memory for LLM agents.")
+# `--help` lists the commands, then the groups, each in the order registered here.
+for command in (up, replay, verify, reindex, worker):
+    app.command()(command)
+app.add_typer(token_app, name="token")
+app.add_typer(serve_app, name="serve")
+app.add_typer(pii_app, name="pii")
+app.add_typer(stats_app, name="stats")
+app.add_typer(models_app, name="models", help="Import and inspect the ML detector's model weights.")
+app.add_typer(guardrail_app, name="guardrail")
+app.add_typer(keys_app, name="keys")
+
+
+def main() -> None:
+    app()

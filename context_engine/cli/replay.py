@@ -1,0 +1,106 @@
+"""`replay` (rebuild the read models from the log) and `verify` (compare them with it)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Optional
+
+import typer
+
+from context_engine.cli.options import DataDir
+from context_engine.cli.settings import stack_settings
+from context_engine.config import Settings
+
+
+def _progress(description: str):
+    from tqdm import tqdm
+
+    bar = tqdm(desc=description, unit="event", unit_scale=True)
+
+    def set_total(total: int) -> None:
+        bar.total = total
+        bar.refresh()
+
+    return bar, set_total
+
+
+SourceOption = Annotated[Optional[str], typer.Option(
+    "--source", help="log (the broker's topic) or archive (its copy in PostgreSQL); "
+                     "default: archive when the log is restored from it, else log")]
+
+
+def _records(settings: Settings, source_name: str | None, on_total, on_refused=None):
+    from streams.kafka_security import client_security
+    from streams.record_auth import verifier_from_settings
+    from streams.replay import source
+    from streams.topics import LogTopics
+
+    name = source_name or ("archive" if settings.restore_log_from_archive else "log")
+    return source(name, bootstrap=settings.kafka_bootstrap, topic=LogTopics.from_settings(settings).events,
+                  admin_url=settings.database_url, verifier=verifier_from_settings(settings),
+                  security=client_security(settings), on_total=on_total, on_refused=on_refused)
+
+
+def replay(
+    into: Annotated[Optional[str], typer.Option(
+        help="PostgreSQL URL of an empty database to rebuild into (default: a new database beside the live one)")] = None,
+    source_name: SourceOption = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Rebuild every read model from the log into an empty database."""
+    from streams.replay import create_database, replay as run_replay
+
+    settings = stack_settings(data_dir)
+    refused: list = []
+
+    async def go():
+        target = into or await create_database(settings.database_url, "context_engine_replay")
+        bar, set_total = _progress("replay")
+        with bar:
+            report = await run_replay(_records(settings, source_name, set_total, refused.append), target,
+                                      progress=bar.update)
+        return target, report
+
+    target, report = asyncio.run(go())
+    for record in refused:
+        typer.echo(str(record))
+    typer.echo(f"replayed {report.events} events in {report.seconds:.2f}s "
+               f"({report.rate:,.0f} events/s) into {target}"
+               + (f"; left out {len(refused)} record(s) no trusted writer signed" if refused else ""))
+
+
+def verify(source_name: SourceOption = None, data_dir: DataDir = None) -> None:
+    """Recompute every version hash from the log and report each difference from the read models,
+    and every event that is on the log and not in the archive (nor set aside), or the other way.
+
+    Records on the log that no trusted writer signed are listed apart, by position: the worker
+    refused them, so they are no difference (the exit status counts differences only)."""
+    from streams.kafka_security import client_security
+    from streams.record_auth import verifier_from_settings
+    from streams.replay import read_log, verify as run_verify
+    from streams.topics import LogTopics
+
+    settings = stack_settings(data_dir)
+    topic = LogTopics.from_settings(settings).events
+    refused: dict[tuple[int, int], object] = {}  # the log is read twice with --source log: once each
+
+    def note(record) -> None:
+        refused[(record.partition, record.offset)] = record
+
+    async def go():
+        bar, set_total = _progress("verify")
+        with bar:
+            log_records = read_log(settings.kafka_bootstrap, topic, verifier=verifier_from_settings(settings),
+                                   security=client_security(settings), on_refused=note)
+            return await run_verify(_records(settings, source_name, set_total, note), settings.database_url,
+                                    log=(log_records, topic), progress=bar.update)
+
+    report, differences = asyncio.run(go())
+    for difference in differences:
+        typer.echo(str(difference))
+    for _, record in sorted(refused.items()):
+        typer.echo(str(record))
+    typer.echo(f"verified {report.events} events ({report.rate:,.0f} events/s): "
+               f"{len(differences)} difference(s)"
+               + (f"; {len(refused)} record(s) on the log no trusted writer signed, refused" if refused else ""))
+    raise typer.Exit(1 if differences else 0)
