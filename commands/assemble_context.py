@@ -2,18 +2,19 @@
 recent history packed within the caller's token budget (projections/prompt_packing.py), with the
 quality attestation, savings sampling and the compaction trigger (docs/assembly.md).
 
-Reads come from one read-only transaction (app.org_id set); retrieval is `projections.search`,
-the code path Search uses, so the two report the same outcome for the same retrieval.
+This module orchestrates (validate, read, retrieve, pack, attest, telemetry) and holds no SQL:
+the session's reads are `projections.session_reads.read_session`, one read-only transaction
+(app.org_id set); the corpus totals are `projections.corpus_totals`; retrieval is
+`projections.search`, the code path Search uses, so the two report the same outcome for the same
+retrieval. The retrieval depth's constants are the retrieval recipe's (projections/retrieval/recipe.py).
 """
 
 from __future__ import annotations
 
 import math
 import random
-import uuid
 from dataclasses import dataclass, field
 
-import orjson
 import structlog
 
 from context_engine import validation
@@ -21,31 +22,28 @@ from context_engine.auth import Principal
 from commands.deps import Deps
 from commands.session_access import require_readable
 from context_engine.concurrency import alongside
-from context_engine.errors import DomainError, FailedPrecondition, InvalidArgument, NotFound
+from context_engine.errors import DomainError, InvalidArgument
 from context_engine.events import COMPACTION_THRESHOLD, Event, session_aggregate
 from context_engine.hashing import merkle_root, sha256_hex
 from inference import tokens
 from context_engine.metrics import timed
-from projections import queries
+from projections import corpus_totals, session_reads
 from projections.database import org_transaction
 from context_engine.guardrails.trust import trusted_fingerprints
-from projections.guardrail_queries import current_layers
 from projections.prompt_packing import Block, Packed, pack
 from projections.pull_context import await_scan
 from projections.retrieval.outcome import MAX_TOP_K, Outcome
+from projections.retrieval.recipe import MIN_RETRIEVAL_DEPTH, RETRIEVAL_OVERSHOOT, TOKENS_PER_RETRIEVED_CHUNK
 from projections.search import MAX_QUERY_BYTES, SearchOutcome, SearchQuery, search
+from projections.session_reads import MUST_INCLUDE_HINT, PINNED_HINT, SessionReads
 from streams.jobs import baseline_metric
 from streams.topics import LogTopics
 from context_engine.visibility import Visibility
 
 log = structlog.get_logger("context_engine.assembly")
 
-PINNED_HINT = "pinned_chunk_ids"
-MUST_INCLUDE_HINT = "must_include"
 MAX_HINT_ITEMS = 32
 MEMORY_KEYS = ("working", "episodic", "semantic")
-TOKENS_PER_RETRIEVED_CHUNK = 20  # the depth's divisor when the visible corpus's chunk size is unknown
-RETRIEVAL_OVERSHOOT = 1.5  # chunks retrieved per chunk the budget holds at the corpus's mean size
 # History turns read: those whose newer turns hold at most this many times the budget in stored
 # (cl100k) tokens. The history section never holds more than the budget, so the rest of a long
 # session is not read; the encodings differ by far less than 2x on text, and if the turns read do
@@ -113,10 +111,6 @@ def _validate(cmd: AssembleContext, max_budget: int) -> tuple[list[str], list[st
     return pinned, required
 
 
-def _text(content: bytes) -> str:
-    return bytes(content).decode("utf-8", errors="replace").strip()
-
-
 async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContext) -> Assembled:
     pinned_ids, required_keys = _validate(cmd, deps.settings.max_token_budget)
     scope, org = principal.scope, principal.scope.org_id
@@ -128,7 +122,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     async with alongside(_retrieve(deps, scope, visible, cmd.task_description, floor,
                                    cmd.token_budget)) as retrieval_task:
         with timed("assemble", "session_read"):
-            reads = await _read_session(deps, org, scope, visible, cmd, pinned_ids, required_keys)
+            reads = await _read_session(deps, scope, cmd, pinned_ids, required_keys)
         with timed("assemble", "retrieval_wait"):
             retrieval, failure = await retrieval_task
     retrieved = [Block("retrieved", s.payload.content, key=s.chunk_id, score=s.score,
@@ -147,8 +141,9 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     if reads.history_truncated and _history_exhausted(packed, reads.history_newest_first):
         with timed("assemble", "history_reread"):  # rare: the turns read were not enough to fill the budget
             async with org_transaction(deps.pool, org, readonly=True) as conn:
-                rows = await _history_rows(conn, org, cmd.session_id, visible, deps.settings.history_window, None)
-            packed = packed_with(_history_blocks(rows))
+                history = await session_reads.read_history(conn, org, cmd.session_id, visible,
+                                                           deps.settings.history_window)
+            packed = packed_with(history)
     prompt_id = sha256_hex(packed.prompt.encode("utf-8"))
     with timed("assemble", "chunk_ids"):
         chunk_ids = await _chunk_ids(deps, org, visible, packed)
@@ -167,67 +162,17 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         version_hash=merkle_root([sha256_hex(b.text.encode("utf-8")) for b in packed.blocks]), chunk_ids=chunk_ids, quality=quality)
 
 
-@dataclass(frozen=True)
-class SessionReads:
-    layers: list[Block]
-    pinned: list[Block]
-    required: list[Block]
-    history_newest_first: list[Block]
-    session_tokens: int  # every active turn's: the compaction threshold is the session's, never shown
-    visible_session_tokens: int  # the turns the caller sees: its naive prompt (baseline_tokens)
-    compaction_open: bool
-    history_truncated: bool  # older turns within the window were not read (HISTORY_READ_FACTOR)
-
-
-async def _read_session(deps: Deps, org: str, scope, visible: Visibility, cmd: AssembleContext,
-                        pinned_ids: list[str], required_keys: list[str]) -> SessionReads:
-    """Layers, pinned and required blocks, the history window (newest first), the session's
-    active tokens (all, and those the caller sees) and whether a compaction request is open: one read-only
-    transaction. Every item read is one the caller sees (`visible`): a sibling's turn in a shared
-    session is neither history nor a must_include target."""
+async def _read_session(deps: Deps, scope, cmd: AssembleContext, pinned_ids: list[str],
+                        required_keys: list[str]) -> SessionReads:
+    """The session's reads (projections/session_reads.py) in one read-only transaction: history
+    turns only as far back as HISTORY_READ_FACTOR times the budget in stored tokens."""
     trusted = trusted_fingerprints(deps.settings)  # UNAVAILABLE rather than a prompt without its layers
-    async with org_transaction(deps.pool, org, readonly=True) as conn:
-        session = await queries.get_session(conn, org, cmd.session_id)
-        if session is not None:
-            require_readable(session, scope, cmd.session_id)
-        layers = [Block("layer", r.content, key=f"L{r.level}")
-                  for r in await current_layers(conn, scope, trusted=trusted)]
-        pinned = await _pinned(conn, org, visible, pinned_ids)
-        required = [await _required(conn, org, scope.agent_id, cmd.session_id, visible, key, deps)
-                    for key in required_keys]
-        history_rows = await _history_rows(conn, org, cmd.session_id, visible, deps.settings.history_window,
-                                           int(HISTORY_READ_FACTOR * cmd.token_budget))
-        totals = await conn.fetchrow(
-            "SELECT coalesce(sum(token_count), 0) AS tokens,"
-            "       coalesce(sum(token_count) FILTER (WHERE scope_path = ANY($3::text[])), 0) AS visible_tokens,"
-            "       EXISTS (SELECT 1 FROM compaction_requests"
-            "               WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL) AS compaction_open "
-            "FROM session_events WHERE org_id = $1 AND session_id = $2 AND active",
-            org, cmd.session_id, visible.sql_paths)
-    truncated = bool(history_rows) and len(history_rows) < history_rows[0]["window_rows"]
-    return SessionReads(layers, pinned, required, _history_blocks(history_rows), int(totals["tokens"]),
-                        int(totals["visible_tokens"]), totals["compaction_open"], truncated)
-
-
-async def _history_rows(conn, org: str, session_id: str, visible: Visibility, window: int,
-                        read_tokens: int | None) -> list:
-    """The session's active turns the caller sees, newest first, within the last `window`: only those whose newer
-    turns hold at most `read_tokens` stored (cl100k) tokens when it is given. Each row carries
-    how many turns the window holds, so the caller knows whether older ones were left unread."""
-    return await conn.fetch(
-        "SELECT event_id, content, metadata, window_rows FROM ("
-        "  SELECT event_id, content, metadata::text AS metadata, seq, count(*) OVER () AS window_rows,"
-        "         sum(token_count) OVER (ORDER BY seq DESC ROWS UNBOUNDED PRECEDING) - token_count AS newer_tokens"
-        "  FROM (SELECT event_id, content, metadata, seq, token_count FROM session_events"
-        "        WHERE org_id = $1 AND session_id = $2 AND active AND scope_path = ANY($5::text[])"
-        "        ORDER BY seq DESC LIMIT $3) AS w"
-        ") AS h WHERE $4::bigint IS NULL OR newer_tokens <= $4 ORDER BY seq DESC",
-        org, session_id, window, read_tokens, visible.sql_paths)
-
-
-def _history_blocks(rows) -> list[Block]:
-    history = [Block("history", _history_text(r), key=str(r["event_id"]), source=str(r["event_id"])) for r in rows]
-    return [b for b in history if b.text]
+    async with org_transaction(deps.pool, scope.org_id, readonly=True) as conn:
+        return await session_reads.read_session(
+            conn, scope, cmd.session_id, authorize=lambda session: require_readable(session, scope, cmd.session_id),
+            trusted=trusted, pinned_ids=pinned_ids, required_keys=required_keys,
+            window=deps.settings.history_window, read_tokens=int(HISTORY_READ_FACTOR * cmd.token_budget),
+            scanned=lambda memory: await_scan(deps.pool, memory, deps.settings.pii_scan_wait_seconds))
 
 
 def _history_exhausted(packed: Packed, history: list[Block]) -> bool:
@@ -236,56 +181,6 @@ def _history_exhausted(packed: Packed, history: list[Block]) -> bool:
     in_prompt = {b.key for b in packed.blocks if b.kind == "history"}
     retrieved_sources = {b.source for b in packed.blocks if b.kind == "retrieved" and b.source}
     return all(b.key in in_prompt or b.source in retrieved_sources for b in history)
-
-
-def _history_text(row) -> str:
-    text = _text(row["content"])
-    role = orjson.loads(row["metadata"] or "{}").get("role") if row["metadata"] else None
-    return f"{role}: {text}" if role and text else text
-
-
-async def _pinned(conn, org: str, visible: Visibility, ids: list[str]) -> list[Block]:
-    if not ids:
-        return []
-    ids = [str(uuid.UUID(i)) for i in ids]  # canonical form, as the database returns them
-    content = {str(r["chunk_id"]): r["content"] for r in await conn.fetch(
-        "SELECT chunk_id, content FROM chunks WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) "
-        "  AND searchable AND scope_path = ANY($3::text[])", org, ids, visible.sql_paths)}
-    missing = [i for i in ids if i not in content]
-    if missing:  # absent, rolled back, quarantined or not the caller's: one answer for all
-        raise NotFound(f"hints.{PINNED_HINT}: chunk(s) {', '.join(missing)} not found in the caller's corpus",
-                       reason="PINNED_CHUNK_NOT_FOUND", metadata={"field": f"hints.{PINNED_HINT}"})
-    return [Block("pinned", content[i], key=i) for i in ids]
-
-
-async def _required(conn, org: str, agent_id: str, session_id: str, visible: Visibility, key: str,
-                    deps: Deps) -> Block:
-    field_name = f"hints.{MUST_INCLUDE_HINT}"
-    if key.startswith("event:"):
-        event_id = key.split(":", 1)[1]
-        try:
-            eid = uuid.UUID(event_id)
-        except ValueError:
-            raise InvalidArgument(field_name, f"{key!r}: {event_id!r} is not an event id (UUID)") from None
-        row = await conn.fetchrow(
-            "SELECT event_id, content FROM session_events WHERE org_id = $1 AND session_id = $2 "
-            "  AND event_id = $3 AND active AND scope_path = ANY($4::text[])", org, session_id, eid, visible.sql_paths)
-        if row is None:
-            raise NotFound(f"{field_name}: {key!r}: no such active event in session {session_id!r}",
-                           reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
-        return Block("required", _text(row["content"]), key=key, source=str(row["event_id"]))
-    memory = await queries.latest_memory(conn, org, agent_id, session_id, visible, memory_type=key)
-    if memory is None:
-        raise NotFound(f"{field_name}: {key!r}: agent {agent_id!r} has no {key} memory in session {session_id!r}",
-                       reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
-    if memory.pii_status == "pending":  # just pushed: its scan is moments away
-        memory = await await_scan(deps.pool, memory, deps.settings.pii_scan_wait_seconds)
-    if memory.pii_status != "clear":
-        raise FailedPrecondition(
-            f"{field_name}: {key!r}: the latest {key} memory is {memory.pii_status} by the PII scan "
-            "(quarantined memory is not assembled until `context-engine pii rescan` clears it)",
-            reason="MEMORY_NOT_CLEARED", metadata={"field": field_name})
-    return Block("required", _text(memory.content), key=key)
 
 
 def retrieval_depth(token_budget: int, corpus_tokens: int, corpus_chunks: int) -> int:
@@ -299,7 +194,7 @@ def retrieval_depth(token_budget: int, corpus_tokens: int, corpus_chunks: int) -
         depth = math.ceil(token_budget * RETRIEVAL_OVERSHOOT * corpus_chunks / corpus_tokens)
     else:
         depth = token_budget // TOKENS_PER_RETRIEVED_CHUNK
-    return max(10, min(MAX_TOP_K, depth))
+    return max(MIN_RETRIEVAL_DEPTH, min(MAX_TOP_K, depth))
 
 
 async def _retrieve(deps: Deps, scope, visible: Visibility, task: str, floor: float, token_budget: int
@@ -307,12 +202,9 @@ async def _retrieve(deps: Deps, scope, visible: Visibility, task: str, floor: fl
     if not task.strip():
         return None, "no task_description: recency-only context"
     try:
-        async def depth(conn) -> int:  # on the retrieval's own transaction: no round trips of its own
-            totals = await conn.fetchrow(
-                "SELECT coalesce(sum(token_total), 0)::bigint AS tokens, coalesce(sum(n_docs), 0)::bigint AS chunks "
-                "FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[])",
-                scope.org_id, visible.sql_paths)
-            return retrieval_depth(token_budget, totals["tokens"], totals["chunks"])
+        async def depth(conn) -> int:  # on the retrieval's own transaction: no connection of its own
+            totals = await corpus_totals.visible_totals(conn, scope.org_id, visible)
+            return retrieval_depth(token_budget, totals.tokens, totals.chunks)
 
         return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task), floor, depth=depth), ""
     except DomainError as exc:
@@ -346,11 +238,7 @@ async def _chunk_ids(deps: Deps, org: str, visible: Visibility, packed: Packed) 
     by_source: dict[str, list[str]] = {}
     if sources:
         async with org_transaction(deps.pool, org, readonly=True) as conn:
-            for r in await conn.fetch(
-                    "SELECT source_event_id, chunk_id FROM chunks WHERE org_id = $1 AND source_event_id = ANY($2::uuid[]) "
-                    "AND scope_path = ANY($3::text[]) ORDER BY source_event_id, chunk_index", org, sources,
-                    visible.sql_paths):
-                by_source.setdefault(str(r["source_event_id"]), []).append(str(r["chunk_id"]))
+            by_source = await session_reads.chunk_ids_by_source(conn, org, visible, sources)
     out: list[str] = []
     for b in packed.blocks:
         if b.kind in ("pinned", "retrieved"):
@@ -365,15 +253,8 @@ async def _baseline(deps: Deps, org, visible: Visibility, layers, count, session
     """The naive prompt's tokens: every layer, the whole session history, every other chunk the
     caller could retrieve, unoptimised. History and corpus use the counts stored at ingest (cl100k)."""
     async with org_transaction(deps.pool, org, readonly=True) as conn:
-        # The visible corpus's tokens (kept by the projector), less the session's own chunks:
-        # its history is counted already.
-        corpus = await conn.fetchval(
-            "SELECT (SELECT coalesce(sum(token_total), 0) FROM corpus_stats "
-            "        WHERE org_id = $1 AND scope_path = ANY($2::text[])) "
-            "     - (SELECT coalesce(sum(token_count), 0) FROM chunks "
-            "        WHERE org_id = $1 AND session_id = $3 AND searchable AND scope_path = ANY($2::text[]))",
-            org, visible.sql_paths, cmd.session_id)
-    naive = sum(count(b.text) for b in layers) + int(session_tokens) + int(corpus)
+        corpus = await corpus_totals.tokens_outside_session(conn, org, visible, cmd.session_id)
+    naive = sum(count(b.text) for b in layers) + int(session_tokens) + corpus
     naive = max(naive, packed.tokens)
     job = baseline_metric(scope, prompt_id=prompt_id, session_id=cmd.session_id, assembled_tokens=packed.tokens,
                           naive_tokens=naive, model_id=cmd.model_id)

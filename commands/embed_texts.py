@@ -1,4 +1,5 @@
-"""The Embed RPC: vectors from the running embedder, cached per caller scope by content hash and model.
+"""The Embed RPC: vectors from the running embedder, cached per caller scope by content hash and
+model (the cache's reads and writes: projections/embedding_cache.py).
 
 - Up to `MAX_TEXTS` texts; each at most the configured content limit.
 - `model_version` in the request is an assertion, never a selector: empty or exactly the
@@ -18,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from pgvector import Vector
 
 from commands.deps import Deps
 from context_engine.errors import InvalidArgument
 from context_engine.hashing import sha256_hex
 from inference.embedder import Embedder
+from projections import embedding_cache
 from projections.database import org_transaction
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
@@ -65,17 +66,7 @@ async def embed_texts(deps: Deps, embedder: Embedder, caller: Scope, cmd: EmbedT
     hashes = [sha256_hex(t.encode()) for t in cmd.texts]
     wanted = sorted(set(hashes))
     async with org_transaction(deps.pool, org_id, readonly=True) as conn:
-        rows = await conn.fetch(
-            "SELECT content_hash, embedding FROM embedding_cache "
-            "WHERE org_id = $1 AND scope_path = $5 AND model_version = $2 AND content_hash = ANY($3::text[]) "
-            "  AND created_at > now() - make_interval(days => $4) "
-            "UNION ALL "
-            "SELECT v.content_hash, v.embedding::real[] FROM content_vectors v "
-            "WHERE v.org_id = $1 AND v.model_version = $2 AND v.content_hash = ANY($3::text[]) "
-            "  AND EXISTS (SELECT FROM chunks c WHERE c.org_id = $1 AND c.content_hash = v.content_hash "
-            "              AND c.searchable AND c.scope_path = ANY($6::text[]))",
-            org_id, model, wanted, deps.settings.embed_cache_ttl_days, caller.path, visible.sql_paths)
-    found = {r["content_hash"]: np.asarray(r["embedding"], dtype=np.float32) for r in rows}
+        found = await embedding_cache.lookup(conn, caller, visible, model, wanted, deps.settings.embed_cache_ttl_days)
     missing = [h for h in wanted if h not in found]
     fresh: dict[str, np.ndarray] = {}
     if missing:
@@ -83,11 +74,6 @@ async def embed_texts(deps: Deps, embedder: Embedder, caller: Scope, cmd: EmbedT
         vectors = await embedder.embed([text_of[h] for h in missing])
         fresh = dict(zip(missing, vectors))
         async with org_transaction(deps.pool, org_id) as conn:
-            await conn.execute(
-                "INSERT INTO embedding_cache (org_id, scope_path, content_hash, model_version, embedding) "
-                "SELECT $1, $5, u.h, $2, u.v::real[] FROM unnest($3::text[], $4::vector[]) AS u(h, v) "
-                "ON CONFLICT (org_id, scope_path, content_hash, model_version) DO UPDATE "
-                "SET embedding = EXCLUDED.embedding, created_at = now()",
-                org_id, model, missing, [Vector(fresh[h]) for h in missing], caller.path)
+            await embedding_cache.store(conn, caller, model, fresh)
     return EmbeddedTexts([fresh[h] if h in fresh else found[h] for h in hashes],
                          [h not in fresh for h in hashes], model)

@@ -1,0 +1,164 @@
+"""AssembleContext's reads of a session: its guardrail layers, the pinned chunks and required
+items the hints name, the recent history window, the session's token totals and whether a
+compaction request is open (`read_session`, one read-only transaction the caller holds), the
+whole window again when the turns read did not fill the budget (`read_history`), and the chunks
+of the turns a prompt includes (`chunk_ids_by_source`).
+
+Every item read is one the caller sees (`Visibility`): a sibling's turn in a shared session is
+neither history nor a must_include target. SQL only, no protobuf.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import asyncpg
+import orjson
+
+from context_engine.errors import FailedPrecondition, InvalidArgument, NotFound
+from context_engine.scope import Scope
+from context_engine.visibility import Visibility
+from projections import queries
+from projections.guardrail_queries import current_layers
+from projections.prompt_packing import Block
+
+PINNED_HINT = "pinned_chunk_ids"
+MUST_INCLUDE_HINT = "must_include"
+
+
+@dataclass(frozen=True)
+class SessionReads:
+    layers: list[Block]
+    pinned: list[Block]
+    required: list[Block]
+    history_newest_first: list[Block]
+    session_tokens: int  # every active turn's: the compaction threshold is the session's, never shown
+    visible_session_tokens: int  # the turns the caller sees: its naive prompt (baseline_tokens)
+    compaction_open: bool
+    history_truncated: bool  # older turns within the window were not read (`read_tokens`)
+
+
+async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, *,
+                       authorize: Callable[[queries.Session], object], trusted: Collection[str],
+                       pinned_ids: Sequence[str], required_keys: Sequence[str], window: int, read_tokens: int,
+                       scanned: Callable[[queries.MemoryVersion], Awaitable[queries.MemoryVersion]]) -> SessionReads:
+    """Layers, pinned and required blocks, the history window (newest first, only the turns whose
+    newer turns hold at most `read_tokens` stored tokens), the session's active tokens (all, and
+    those the caller sees) and whether a compaction request is open, on `conn`'s transaction.
+
+    `authorize` is given the session when it exists, before anything else is read (it raises to
+    refuse it); `trusted` are the guardrail key fingerprints trusted now; `scanned` waits for a
+    pending memory's PII scan."""
+    org, visible = scope.org_id, Visibility.of(scope)
+    session = await queries.get_session(conn, org, session_id)
+    if session is not None:
+        authorize(session)
+    layers = [Block("layer", r.content, key=f"L{r.level}") for r in await current_layers(conn, scope, trusted=trusted)]
+    pinned = await _pinned(conn, org, visible, pinned_ids)
+    required = [await _required(conn, org, scope.agent_id, session_id, visible, key, scanned) for key in required_keys]
+    history_rows = await _history_rows(conn, org, session_id, visible, window, read_tokens)
+    totals = await conn.fetchrow(
+        "SELECT coalesce(sum(token_count), 0) AS tokens,"
+        "       coalesce(sum(token_count) FILTER (WHERE scope_path = ANY($3::text[])), 0) AS visible_tokens,"
+        "       EXISTS (SELECT 1 FROM compaction_requests"
+        "               WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL) AS compaction_open "
+        "FROM session_events WHERE org_id = $1 AND session_id = $2 AND active",
+        org, session_id, visible.sql_paths)
+    truncated = bool(history_rows) and len(history_rows) < history_rows[0]["window_rows"]
+    return SessionReads(layers, pinned, required, _history_blocks(history_rows), int(totals["tokens"]),
+                        int(totals["visible_tokens"]), totals["compaction_open"], truncated)
+
+
+async def read_history(conn: asyncpg.Connection, org: str, session_id: str, visible: Visibility,
+                       window: int) -> list[Block]:
+    """Every turn of the history window the caller sees, newest first."""
+    return _history_blocks(await _history_rows(conn, org, session_id, visible, window, None))
+
+
+async def chunk_ids_by_source(conn: asyncpg.Connection, org: str, visible: Visibility,
+                              source_event_ids: Sequence[str]) -> dict[str, list[str]]:
+    """The chunk ids of each source event the caller sees, in chunk order."""
+    by_source: dict[str, list[str]] = {}
+    for r in await conn.fetch(
+            "SELECT source_event_id, chunk_id FROM chunks WHERE org_id = $1 AND source_event_id = ANY($2::uuid[]) "
+            "AND scope_path = ANY($3::text[]) ORDER BY source_event_id, chunk_index", org, list(source_event_ids),
+            visible.sql_paths):
+        by_source.setdefault(str(r["source_event_id"]), []).append(str(r["chunk_id"]))
+    return by_source
+
+
+async def _history_rows(conn: asyncpg.Connection, org: str, session_id: str, visible: Visibility, window: int,
+                        read_tokens: int | None) -> list:
+    """The session's active turns the caller sees, newest first, within the last `window`: only those whose newer
+    turns hold at most `read_tokens` stored (cl100k) tokens when it is given. Each row carries
+    how many turns the window holds, so the caller knows whether older ones were left unread."""
+    return await conn.fetch(
+        "SELECT event_id, content, metadata, window_rows FROM ("
+        "  SELECT event_id, content, metadata::text AS metadata, seq, count(*) OVER () AS window_rows,"
+        "         sum(token_count) OVER (ORDER BY seq DESC ROWS UNBOUNDED PRECEDING) - token_count AS newer_tokens"
+        "  FROM (SELECT event_id, content, metadata, seq, token_count FROM session_events"
+        "        WHERE org_id = $1 AND session_id = $2 AND active AND scope_path = ANY($5::text[])"
+        "        ORDER BY seq DESC LIMIT $3) AS w"
+        ") AS h WHERE $4::bigint IS NULL OR newer_tokens <= $4 ORDER BY seq DESC",
+        org, session_id, window, read_tokens, visible.sql_paths)
+
+
+def _text(content: bytes) -> str:
+    return bytes(content).decode("utf-8", errors="replace").strip()
+
+
+def _history_blocks(rows) -> list[Block]:
+    history = [Block("history", _history_text(r), key=str(r["event_id"]), source=str(r["event_id"])) for r in rows]
+    return [b for b in history if b.text]
+
+
+def _history_text(row) -> str:
+    text = _text(row["content"])
+    role = orjson.loads(row["metadata"] or "{}").get("role") if row["metadata"] else None
+    return f"{role}: {text}" if role and text else text
+
+
+async def _pinned(conn: asyncpg.Connection, org: str, visible: Visibility, ids: Sequence[str]) -> list[Block]:
+    if not ids:
+        return []
+    ids = [str(uuid.UUID(i)) for i in ids]  # canonical form, as the database returns them
+    content = {str(r["chunk_id"]): r["content"] for r in await conn.fetch(
+        "SELECT chunk_id, content FROM chunks WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) "
+        "  AND searchable AND scope_path = ANY($3::text[])", org, ids, visible.sql_paths)}
+    missing = [i for i in ids if i not in content]
+    if missing:  # absent, rolled back, quarantined or not the caller's: one answer for all
+        raise NotFound(f"hints.{PINNED_HINT}: chunk(s) {', '.join(missing)} not found in the caller's corpus",
+                       reason="PINNED_CHUNK_NOT_FOUND", metadata={"field": f"hints.{PINNED_HINT}"})
+    return [Block("pinned", content[i], key=i) for i in ids]
+
+
+async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_id: str, visible: Visibility,
+                    key: str, scanned: Callable[[queries.MemoryVersion], Awaitable[queries.MemoryVersion]]) -> Block:
+    field_name = f"hints.{MUST_INCLUDE_HINT}"
+    if key.startswith("event:"):
+        event_id = key.split(":", 1)[1]
+        try:
+            eid = uuid.UUID(event_id)
+        except ValueError:
+            raise InvalidArgument(field_name, f"{key!r}: {event_id!r} is not an event id (UUID)") from None
+        row = await conn.fetchrow(
+            "SELECT event_id, content FROM session_events WHERE org_id = $1 AND session_id = $2 "
+            "  AND event_id = $3 AND active AND scope_path = ANY($4::text[])", org, session_id, eid, visible.sql_paths)
+        if row is None:
+            raise NotFound(f"{field_name}: {key!r}: no such active event in session {session_id!r}",
+                           reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
+        return Block("required", _text(row["content"]), key=key, source=str(row["event_id"]))
+    memory = await queries.latest_memory(conn, org, agent_id, session_id, visible, memory_type=key)
+    if memory is None:
+        raise NotFound(f"{field_name}: {key!r}: agent {agent_id!r} has no {key} memory in session {session_id!r}",
+                       reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
+    if memory.pii_status == "pending":  # just pushed: its scan is moments away
+        memory = await scanned(memory)
+    if memory.pii_status != "clear":
+        raise FailedPrecondition(
+            f"{field_name}: {key!r}: the latest {key} memory is {memory.pii_status} by the PII scan "
+            "(quarantined memory is not assembled until `context-engine pii rescan` clears it)",
+            reason="MEMORY_NOT_CLEARED", metadata={"field": field_name})
+    return Block("required", _text(memory.content), key=key)
