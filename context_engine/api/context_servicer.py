@@ -20,15 +20,16 @@ from commands.create_snapshot import CreateSnapshot, create_snapshot
 from commands.deps import Deps
 from commands.ingest_event import IngestEvent, ingest_event
 from commands.push_context import PushContext, push_context
+from commands.pull_context import PullContext, pull_context
+from commands.resolve_guardrail_layers import resolve_guardrail_layers
 from commands.rollback_context import RollbackContext, rollback_context
-from context_engine.errors import InvalidArgument, Unimplemented
+from commands.search import search
+from commands.validate_prompt import ValidatePrompt, validate_prompt
+from context_engine.errors import Unimplemented
 from commands.embed_texts import EmbedTexts, embed_texts
-from projections.database import org_transaction
-from context_engine.guardrails.trust import load_trust, trusted_fingerprints
-from projections.guardrail_queries import current_layers, layers_by_hash
-from projections.prompt_validation import validate_prompt
-from projections.pull_context import PullContext, pull_context
-from projections.search import SearchQuery, search
+from context_engine.guardrails.trust import load_trust
+from projections.retrieval.fusion import HYBRID
+from projections.search import SearchQuery
 
 IDEMPOTENCY_HEADER = "idempotency-key"
 
@@ -86,9 +87,8 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
         return pb.PushContextResponse(version_hash=result.version_hash, created_at=timestamp(result.created_at))
 
     async def PullContext(self, request: pb.PullContextRequest, context) -> pb.PullContextResponse:
-        result = await pull_context(self.deps.pool, self.deps.freshness, current_principal(), PullContext(
-            agent_id=request.agent_id, session_id=request.session_id, snapshot_name=request.snapshot_name),
-            pii_scan_wait_seconds=self.deps.settings.pii_scan_wait_seconds)
+        result = await pull_context(self.deps, current_principal(), PullContext(
+            agent_id=request.agent_id, session_id=request.session_id, snapshot_name=request.snapshot_name))
         memory = result.memory
         metadata = dict(memory.metadata)
         if memory.pii_status != "clear":  # say so: this content is the fail-closed fallback's
@@ -111,10 +111,8 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
 
 
     async def Search(self, request: pb.SearchRequest, context) -> pb.SearchResponse:
-        principal = current_principal()
-        outcome = await search(self.deps.pool, self.deps.query_vectors, principal.scope, SearchQuery(
-            query=request.query, domain=request.domain, top_k=request.top_k, min_score=request.min_score),
-            self.deps.settings.tenant_min_score(principal.scope.org_id))
+        outcome = await search(self.deps, current_principal(), SearchQuery(
+            query=request.query, domain=request.domain, top_k=request.top_k, min_score=request.min_score))
         r = outcome.result
         return pb.SearchResponse(
             results=[pb.SearchResult(chunk_id=s.chunk_id, content=s.payload.content, score=s.score,
@@ -135,26 +133,14 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
 
     async def ResolveGuardrailLayers(self, request: pb.ResolveGuardrailLayersRequest,
                                      context) -> pb.ResolveGuardrailLayersResponse:
-        scope = current_principal().scope
-        trusted = trusted_fingerprints(self.deps.settings)  # before a connection is taken
-        async with org_transaction(self.deps.pool, scope.org_id, readonly=True) as conn:
-            layers = await current_layers(conn, scope, trusted=trusted)
+        layers = await resolve_guardrail_layers(self.deps, current_principal())
         return pb.ResolveGuardrailLayersResponse(layers=[
             pb.GuardrailLayer(layer_level=r.level, content_hash=r.content_hash, version=r.version,
                               effective_at=r.effective_at_ms) for r in layers])
 
     async def ValidatePrompt(self, request: pb.ValidatePromptRequest, context) -> pb.ValidatePromptResponse:
-        scope = current_principal().scope
-        if not request.prompt:
-            raise InvalidArgument("prompt", "must not be empty")
-        if len(request.prompt.encode()) > self.deps.settings.max_content_bytes:
-            raise InvalidArgument("prompt", f"is larger than {self.deps.settings.max_content_bytes} bytes")
-        hashes = list(request.layer_hashes)
-        trusted = trusted_fingerprints(self.deps.settings)
-        async with org_transaction(self.deps.pool, scope.org_id, readonly=True) as conn:
-            rows = await layers_by_hash(conn, scope, hashes, trusted=trusted)
-        v = validate_prompt(request.prompt, hashes, {h: r.content for h, r in rows.items()},
-                            levels={h: r.level for h, r in rows.items()})
+        v = await validate_prompt(self.deps, current_principal(), ValidatePrompt(
+            prompt=request.prompt, layer_hashes=list(request.layer_hashes)))
         return pb.ValidatePromptResponse(valid=v.valid, violation_code=v.violation_code or "",
                                          violation_detail=v.violation_detail or "")
 
@@ -176,7 +162,7 @@ def search_result_metadata(scored, expansion_applied: bool) -> dict[str, str]:
         "engine.score.lexical": f"{scored.lexical:.6f}",
         "engine.score.recency": f"{scored.recency:.6f}",
         "engine.bm25": f"{hit.bm25:.6f}",
-        "engine.fusion": "hybrid-v1",
+        "engine.fusion": HYBRID.name,
         "engine.expansion_applied": "true" if expansion_applied else "false",
     })
     return meta

@@ -1,0 +1,53 @@
+"""PullContext: an agent's latest memory, or the memory a named snapshot holds, read from
+PostgreSQL (the primary) once the session's writes are visible (projections/pull_context.py).
+
+Pushed memory is returned only after its PII scan (docs/pii.md): a version still 'pending' is
+waited for (bounded by `pii_scan_wait_seconds`, then UNAVAILABLE), so raw content never leaves
+the engine; a quarantined version comes back as the regex fallback redacted it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from commands.deps import Deps
+from context_engine import validation
+from context_engine.auth import Principal
+from context_engine.errors import InvalidArgument
+from context_engine.visibility import Visibility
+from projections.database import org_transaction
+from projections.pull_context import Pulled, await_scan, read_memory
+
+
+@dataclass(frozen=True)
+class PullContext:
+    agent_id: str
+    session_id: str = ""
+    snapshot_name: str = ""
+
+
+def validate(query: PullContext) -> None:
+    if query.agent_id:
+        validation.agent_id(query.agent_id)
+    if query.session_id:
+        validation.session_id(query.session_id)
+    if query.snapshot_name:
+        validation.name(query.snapshot_name, "snapshot_name")
+    if query.snapshot_name and not query.session_id:
+        raise InvalidArgument("session_id", "is required with snapshot_name (snapshots belong to a session)")
+
+
+async def pull_context(deps: Deps, principal: Principal, query: PullContext) -> Pulled:
+    validate(query)
+    org = principal.scope.org_id
+    agent_id = query.agent_id or principal.scope.agent_id
+    if query.session_id:
+        await deps.freshness.wait(f"{org}/{query.session_id}")
+    async with org_transaction(deps.pool, org, readonly=True) as conn:
+        pulled = await read_memory(conn, org, agent_id, query.session_id, query.snapshot_name,
+                                   Visibility.of(principal.scope))
+    if pulled.memory.pii_status == "pending":
+        memory = await await_scan(deps.pool, pulled.memory, deps.settings.pii_scan_wait_seconds)
+        pulled = dataclasses.replace(pulled, memory=memory)
+    return pulled
