@@ -45,7 +45,7 @@ from projections.guardrail_queries import (
     current_layers,
 )
 from context_engine.scope import Scope
-from streams.log import ARCHIVED_CHANNEL
+from streams.acknowledgement import ARCHIVED_CHANNEL
 from streams.record_auth import RecordSigner
 
 DEFAULT_TIMEOUT_SECONDS = 30.0

@@ -66,7 +66,7 @@ from streams.jobs import (baseline_sample, embedding_job, open_envelope, open_in
                                          open_pii_scan_job, scope_of)
 from streams.pii_scanner import PiiScanner
 from streams.kafka_security import client_security, faust_credentials
-from streams.log import ARCHIVED_CHANNEL, archived_payloads
+from streams.acknowledgement import announcement
 from streams.record_auth import Keyring, RecordSigner, RecordVerifier, Refusal
 from streams.topics import LogTopics, ensure_topics
 from streams.vector_assigner import VectorAssigner
@@ -404,18 +404,13 @@ async def project_batch(pool: asyncpg.Pool, records: list[LogRecord]) -> list[Ap
                                        before_sleep=_log_batch_retry, reraise=True):
         with attempt, PROJECTOR_BATCH_SECONDS.time():
             async with pool.acquire() as conn:
-                return await apply_batch(conn, records, notify=_announce)
+                return await apply_batch(conn, records, notify=announcement)
     raise AssertionError("unreachable: the retry loop returns or raises")
 
 
 def _log_batch_retry(state: RetryCallState) -> None:
     log.warning("projector batch failed; retrying it", attempt=state.attempt_number,
                 error=repr(state.outcome.exception()) if state.outcome else None)
-
-
-def _announce(applied: list[Applied]) -> tuple[str, list[str]]:
-    # A record too broken to name its event (rejected undecodable) has no waiter to answer.
-    return ARCHIVED_CHANNEL, archived_payloads([(a.event_id, a.outcome) for a in applied if a.event_id])
 
 
 def run_worker(settings: Settings, bootstrap: str) -> None:

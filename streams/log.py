@@ -1,23 +1,18 @@
-"""Appending to the log, and knowing when an append is durable.
+"""Appending to the log.
 
-`EventLog.append` produces a domain event keyed by its aggregate and returns its log position.
-`ArchiveWatch.wait` returns once the archiver has stored (and projected) that event in
-PostgreSQL: the projector announces every batch with `NOTIFY event_archived`, and a lookup by
-event_id covers a notification that was missed (a reconnect, or one that arrived before the
-wait began). Only then is a command acknowledged, so an acknowledged event survives a crash
-of a memory-only broker.
+`EventLog.append` produces a domain event keyed by its aggregate and returns its log position;
+`LogGuard` keeps the producer closed while the broker does not hold the log. When an append is
+durable, and so acknowledged, is streams/acknowledgement.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -31,8 +26,6 @@ from streams.record_auth import RecordSigner
 from streams.topics import LogTopics
 
 log = structlog.get_logger("context_engine.log")
-
-ARCHIVED_CHANNEL = "event_archived"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,21 +50,6 @@ def record_bytes_limit(max_content_bytes: int) -> int:
 def producer_request_bytes(max_record_bytes: int) -> int:
     """The producer's max_request_size: one such record and its batch framing."""
     return max_record_bytes + 16 * 1024
-
-
-# NOTIFY payloads are limited to 8,000 bytes: at most this many "event_id:OUTCOME" per notification.
-IDS_PER_NOTIFICATION = 120
-
-
-def archived_payloads(outcomes: list[tuple[str, str]]) -> list[str]:
-    """The notifications announcing one committed batch: each event id with what the projector
-    did with it (APPLIED, DUPLICATE, OUT_OF_SCOPE…), so the waiting command knows its result
-    without reading it back.
-
-    Ids, not offsets: after a memory-only broker is restored, offsets are reused, and a
-    notification about a restored record at "my" offset must never acknowledge my event."""
-    items = [f"{event_id}:{outcome}" for event_id, outcome in outcomes]
-    return [",".join(items[i:i + IDS_PER_NOTIFICATION]) for i in range(0, len(items), IDS_PER_NOTIFICATION)]
 
 
 class EventLog:
@@ -158,91 +136,6 @@ class EventLog:
         except (KafkaError, asyncio.TimeoutError) as exc:
             raise Unavailable(f"the event log is unavailable: {exc!r}", reason="LOG_UNAVAILABLE") from exc
         return LogPosition(meta.topic, meta.partition, meta.offset)
-
-
-@dataclass(frozen=True, slots=True)
-class RetryAdvice:
-    """What an unacknowledged command's caller is told a retry does (`text`, the end of the
-    NOT_DURABLE_YET message), and what the retry needs (ErrorInfo metadata, e.g. idempotency_key).
-    The commands build it (commands/deps.py `retry_advice`): only they know what a retry does."""
-
-    text: str
-    metadata: dict[str, str] = field(default_factory=dict)
-
-
-class ArchiveWatch:
-    """Waits for the archiver's word that an event is durable."""
-
-    def __init__(self, database_url: str, pool: asyncpg.Pool, *, poll_interval: float = 0.25) -> None:
-        self._url = database_url
-        self._pool = pool
-        self._poll = poll_interval
-        self._conn: asyncpg.Connection | None = None
-        self._waiters: dict[str, asyncio.Future] = {}
-
-    async def start(self) -> None:
-        self._conn = await asyncpg.connect(self._url)
-        await self._conn.add_listener(ARCHIVED_CHANNEL, self._on_notify)
-
-    async def stop(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                await self._conn.close()
-
-    def _on_notify(self, _conn, _pid, _channel, payload: str) -> None:
-        for item in payload.split(","):
-            event_id, _, outcome = item.partition(":")
-            future = self._waiters.get(event_id)
-            if future is not None and not future.done():
-                future.set_result(outcome)
-
-    def expect(self, event_id: str) -> None:
-        """Register interest before appending, so a notification cannot arrive unheard."""
-        self._waiters[event_id] = asyncio.get_running_loop().create_future()
-
-    async def wait(self, event_id: str, org_id: str, position: LogPosition, *, timeout: float,
-                   retry: RetryAdvice | None = None) -> str | None:
-        """Return once the event is archived (and projected: one transaction): the projector's
-        outcome, or None when the archive was asked directly and the caller must read back.
-        After `timeout`: UNAVAILABLE (NOT_DURABLE_YET), saying what `retry` of the command does;
-        its ErrorInfo metadata carries `event_id` and the retry's own (e.g. `idempotency_key`)."""
-        future = self._waiters.get(event_id) or asyncio.get_running_loop().create_future()
-        self._waiters[event_id] = future
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    advice = retry or RetryAdvice("a retry appends a second event")
-                    raise Unavailable(
-                        f"event {event_id} was appended at {position.topic}/{position.partition}"
-                        f"@{position.offset} but not archived within {timeout:.1f}s: it is not "
-                        f"acknowledged, and it may still be applied; {advice.text}",
-                        reason="NOT_DURABLE_YET", metadata={"event_id": event_id, **advice.metadata})
-                with contextlib.suppress(asyncio.TimeoutError):
-                    return await asyncio.wait_for(asyncio.shield(future), min(self._poll, remaining))
-                # A notification can be missed (the listening connection dropped): ask directly.
-                if (found := await self._archived(event_id, org_id)) is not None:
-                    return found or None
-        finally:
-            self._waiters.pop(event_id, None)
-
-    def waiting(self) -> int:
-        """How many appends are waiting for their acknowledgement now."""
-        return len(self._waiters)
-
-    def forget(self, event_id: str) -> None:
-        self._waiters.pop(event_id, None)
-
-    async def _archived(self, event_id: str, org_id: str) -> str | None:
-        """Whether the projector has decided: '' when the event is archived (the caller reads its
-        outcome back), 'REJECTED' (its outcome) when it was set aside instead, None when neither yet."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
-            return await conn.fetchval(
-                "SELECT CASE WHEN EXISTS (SELECT FROM event_archive WHERE event_id = $1) THEN '' "
-                "WHEN EXISTS (SELECT FROM rejected_events WHERE event_id = $1) THEN 'REJECTED' END",
-                event_id)
 
 
 # The guard's probe: how long one answer may take, and how long the broker may stay silent before

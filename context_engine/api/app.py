@@ -28,7 +28,8 @@ from projections.migrate import APP_ROLE, app_url
 from streams import readiness
 from streams.freshness import SessionFreshness
 from streams.kafka_security import client_security
-from streams.log import ArchiveWatch, EventLog, record_bytes_limit
+from streams.acknowledgement import ArchiveWatch
+from streams.log import EventLog, record_bytes_limit
 from streams.record_auth import signer_from_settings
 from streams.restore import restore_if_behind
 from streams.topics import LogTopics, ensure_topics

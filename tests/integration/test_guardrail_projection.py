@@ -58,7 +58,7 @@ from projections.prompt_validation import validate_prompt
 from projections.records import LogRecord
 from projections.session_projector import apply_batch
 from context_engine.scope import Scope
-from streams.log import ARCHIVED_CHANNEL, archived_payloads
+from streams.acknowledgement import ARCHIVED_CHANNEL, archived_payloads
 from streams.record_auth import Keyring, RecordSigner, RecordVerifier
 from streams.replay import compare_log, read_log
 from streams.topics import ensure_topics

@@ -23,11 +23,10 @@ from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.api.app import build_api_server
 from context_engine.serving.status import error_info
-from commands.deps import EventRejected
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from projections import session_projector
 from context_engine.scope import Scope
-from streams.log import ArchiveWatch
+from streams.acknowledgement import ArchiveWatch, EventRejected
 from tests.fixtures.engine import unique
 
 pytestmark = pytest.mark.integration
