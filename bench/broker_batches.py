@@ -20,7 +20,7 @@ import time
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from common import load_average, machine
+from report import load_average, machine
 from context_engine.embedded.broker import EmbeddedBroker
 
 TOPIC = "batches"

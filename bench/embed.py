@@ -15,7 +15,7 @@ in the API process, the cache write, the response) through a blocking gRPC chann
 flight. "grpc-cold": texts no run has sent before (a random run id in each), so nothing is
 cached; "grpc-cached": the same batches again, in the same order, so every vector comes from
 the cache. The `cached` flag of every returned vector is checked against that expectation.
-Without --address it starts `context-engine up` in a scratch directory (bench/common.py) and
+Without --address it starts `context-engine up` in a scratch directory (bench/stack.py) and
 stops it at the end; with --address it needs --token or the stack's --data-dir (to mint one
 with its development key).
 """
@@ -176,12 +176,16 @@ def run_grpc(args, sizes: list[int]) -> tuple[dict[str, object], list[Result]]:
     import tempfile
     import uuid
 
+    from context_engine.embedded.process import disable_grpc_fork_handlers
+
+    disable_grpc_fork_handlers()  # before gRPC initialises: this process starts a stack
     import grpc
     from upsquad.context.v1 import context_pb2_grpc
 
     from context_engine.auth import ensure_dev_key, mint_token
 
-    from common import Stack, load_average, machine
+    from report import load_average, machine
+    from stack import Stack
 
     stack = home = None
     if args.address:

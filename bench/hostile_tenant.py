@@ -30,16 +30,22 @@ import string
 import tempfile
 import time
 
+from context_engine.embedded.process import disable_grpc_fork_handlers
+
+disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg
-import grpc
+import grpc  # noqa: E402
 import numpy as np
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.serving.status import error_info
 
-from common import (ServerMetrics, Stack, _cpu_seconds, add_setting_option, drive_closed_loop, drive_open_loop,
-                    free_port, load_average, machine, percentile, stack_pids, stack_settings, wait_quiet)
+from grpc_load import drive_closed_loop, drive_open_loop
+from options import add_setting_option, stack_settings
+from report import load_average, machine, percentile
+from server_metrics import ServerMetrics
+from stack import Stack, _cpu_seconds, free_port, stack_pids, wait_quiet
 from ingest import worker_lines
 
 CONTENT_BYTES = 1024 * 1024

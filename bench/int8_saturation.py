@@ -129,7 +129,7 @@ def summary(cosines: np.ndarray) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common import load_locomo
+    from locomo import load_locomo
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--turns", type=int, default=300, help="LoCoMo turns, in dialogue order from the first file")

@@ -47,8 +47,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from context_engine.embedded.process import disable_grpc_fork_handlers
+
+disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg
-import grpc
+import grpc  # noqa: E402
 from tqdm import tqdm
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
@@ -56,8 +59,11 @@ from upsquad.context.v1 import context_pb2_grpc
 from inference.tokens import count_tokens
 from projections.retrieval.chunking import CHUNK_NAMESPACE
 
-from common import (Conversation, Stack, add_locomo_options, call_with_retry, load_average, load_locomo, machine,
-                    percentile, wait_for_vectors)
+from grpc_load import call_with_retry
+from locomo import Conversation, load_locomo
+from options import add_locomo_options
+from report import load_average, machine, percentile
+from stack import Stack, wait_for_vectors
 from locomo_search import CATEGORIES, REFERENCE, Item, items_of, org_of
 
 MODEL = "gpt-4"

@@ -41,7 +41,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-import grpc
+from context_engine.embedded.process import disable_grpc_fork_handlers
+
+disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
+import grpc  # noqa: E402
 import numpy as np
 from rank_bm25 import BM25Okapi
 from tqdm import tqdm
@@ -52,8 +55,11 @@ from inference.minilm_embedder import MiniLMEmbedder
 from inference.tokens import count_tokens
 from projections.retrieval.bm25 import STOP_WORDS, analyze
 
-from common import (Conversation, Question, RETRIES, Stack, add_locomo_options, call_with_retry, load_average,
-                    load_locomo, machine, percentile, wait_for_vectors)
+from grpc_load import RETRIES, call_with_retry
+from locomo import Conversation, Question, load_locomo
+from options import add_locomo_options
+from report import load_average, machine, percentile
+from stack import Stack, wait_for_vectors
 
 CATEGORIES = (1, 2, 3, 4)
 KS = (5, 10, 25)

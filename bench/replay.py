@@ -28,7 +28,8 @@ from streams.replay import create_database, drop_database, read_archive, replay
 from streams.topics import LogTopics
 from context_engine.config import Settings
 
-from common import Stack, load_average, machine, wait_quiet
+from report import load_average, machine
+from stack import Stack, wait_quiet
 
 STATEMENTS: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 

@@ -37,7 +37,8 @@ from pgvector.asyncpg import register_vector
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench.common import load_locomo, machine  # noqa: E402
+from bench.locomo import load_locomo  # noqa: E402
+from bench.report import machine  # noqa: E402
 from commands.assemble_context import retrieval_depth  # noqa: E402
 from context_engine.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb  # noqa: E402
 from inference.embedder import build_embedder  # noqa: E402
