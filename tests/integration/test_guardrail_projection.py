@@ -24,7 +24,6 @@ from commands.publish_guardrail import (
     list_layers,
     publish_guardrail,
 )
-from context_engine.embedded.postgres import with_database
 from context_engine.errors import InvalidArgument
 from context_engine.events import GUARDRAIL_PUBLISHED, Event
 from context_engine.guardrails.signing import (
@@ -35,6 +34,7 @@ from context_engine.guardrails.signing import (
     layer_scope,
     sign_layer,
 )
+from projections import db_admin
 from projections.database import create_pool, org_transaction
 from projections.guardrail_projection import (
     APPLIED,
@@ -53,7 +53,7 @@ from projections.guardrail_queries import (
     layers_by_hash,
     published_layer,
 )
-from projections.migrate import app_url, migrate
+from projections.migrate import app_url
 from projections.prompt_validation import validate_prompt
 from projections.records import LogRecord
 from projections.session_projector import apply_batch
@@ -62,6 +62,7 @@ from streams.acknowledgement import ARCHIVED_CHANNEL, archived_payloads
 from streams.record_auth import Keyring, RecordSigner, RecordVerifier
 from streams.replay import compare_log, read_log
 from streams.topics import ensure_topics
+from tests.fixtures.databases import fresh_database
 
 pytestmark = pytest.mark.integration
 
@@ -97,20 +98,8 @@ def layer_event(level: int, text: str, /, *ids: str, key: Ed25519PrivateKey = KE
 
 @pytest.fixture(scope="module")
 async def db_url(postgres_url: str) -> AsyncIterator[str]:
-    name = f"ce_guard_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(postgres_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    url = with_database(postgres_url, name)
-    await migrate(url, app_password=APP_PASSWORD)
-    yield url
-    admin = await asyncpg.connect(postgres_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    async with fresh_database(postgres_url, "ce_guard", migrated=True) as url:
+        yield url
 
 
 @pytest.fixture
@@ -389,8 +378,7 @@ async def test_without_app_org_id_nothing_is_visible(conn: asyncpg.Connection, a
 async def test_an_org_cannot_write_platform_rows(conn: asyncpg.Connection, db_url: str) -> None:
     """The L1 policy only reads; writes stay confined to the org in app.org_id."""
     role = "ce_test_guardrail_writer"
-    await conn.execute(f"""DO $$ BEGIN CREATE ROLE {role} NOLOGIN NOBYPASSRLS;
-                           EXCEPTION WHEN duplicate_object THEN NULL; END $$""")
+    await db_admin.ensure_role(conn, role, login=False)
     await conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON guardrail_layers TO {role}")
     writer = await asyncpg.connect(db_url)
     try:
@@ -474,16 +462,8 @@ async def projecting(bootstrap: str, topic: str, db_url: str) -> AsyncIterator[N
 @pytest.fixture
 async def own_db(postgres_url: str) -> AsyncIterator[str]:
     """A database of its own: this test publishes L1, which every org of a database sees."""
-    name = f"ce_guard_cli_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(postgres_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        url = with_database(postgres_url, name)
-        await migrate(url, app_password=APP_PASSWORD)
+    async with fresh_database(postgres_url, "ce_guard_cli", migrated=True) as url:
         yield url
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str, tmp_path, monkeypatch) -> None:

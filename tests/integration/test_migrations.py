@@ -12,7 +12,6 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from context_engine.embedded.postgres import with_database
 from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, SESSION_ROLLED_BACK, SNAPSHOT_CREATED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from projections import queries
@@ -28,7 +27,7 @@ from projections.migrate import (
 from projections.records import LogRecord
 from projections.session_projector import apply_batch
 from context_engine.scope import Scope
-from tests.fixtures.owned_database import owned_database
+from tests.fixtures.databases import fresh_database, owned_database
 
 pytestmark = pytest.mark.integration
 
@@ -41,14 +40,8 @@ CORE_TABLES = {"event_archive", "sessions", "session_items", "session_versions",
 @pytest.fixture
 async def fresh_db(postgres_url: str) -> AsyncIterator[str]:
     """An empty database of its own on the session's server; dropped afterwards."""
-    name = f"ce_mig_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(postgres_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield with_database(postgres_url, name)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    async with fresh_database(postgres_url, "ce_mig") as url:
+        yield url
 
 
 def _events(org: str) -> list[Event]:

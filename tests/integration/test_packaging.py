@@ -15,12 +15,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import uuid
 import zipfile
 
 import pytest
 
-from context_engine.embedded.postgres import drop_database, ensure_database
+from tests.fixtures.databases import fresh_database
 
 pytestmark = pytest.mark.integration
 
@@ -111,10 +110,8 @@ def test_the_wheel_holds_every_migration_and_module(wheel):
     assert tops == set(SOURCE_FOLDERS) | {"upsquad"}, sorted(tops)
 
 
-def test_the_installed_wheel_migrates_a_real_database(installed, postgres_url, tmp_path):
-    name = f"context_engine_wheel_{uuid.uuid4().hex[:8]}"
-    url = ensure_database(postgres_url, name)
-    try:
+async def test_the_installed_wheel_migrates_a_real_database(installed, postgres_url, tmp_path):
+    async with fresh_database(postgres_url, "context_engine_wheel") as url:
         out = run_installed(installed, """
 import asyncio, os, pathlib, sys
 import asyncpg
@@ -144,8 +141,6 @@ print(count)
         assert applied.split(",") == expected
         assert recorded.split(",") == expected
         assert int(tables) > len(expected)  # schema_migrations and the tables the files create
-    finally:
-        drop_database(postgres_url, name)
 
 
 def test_the_installed_wheel_imports_every_service(installed, tmp_path):

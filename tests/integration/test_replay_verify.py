@@ -15,8 +15,9 @@ from inference.tokens import count_tokens
 from projections.records import LogRecord
 from context_engine.scope import Scope
 from streams.record_auth import partition_for, signer_from_settings, verifier_from_settings
-from streams.replay import compare, create_database, drop_database, read_archive, read_log, replay, verify
+from streams.replay import compare, read_archive, read_log, replay, verify
 from streams.topics import LogTopics
+from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
 from tests.integration.test_retrieval import wait_embedded
 
@@ -109,22 +110,16 @@ async def test_chain_is_a_pure_function_of_the_log_and_replay_reproduces_it(engi
     assert await versions(engine.settings.database_url, org) == expected
 
     topic = LogTopics.from_settings(engine.settings).events
-    target = await create_database(engine.settings.database_url, "ce_test_replay")
-    try:
+    async with fresh_database(engine.settings.database_url, "ce_test_replay") as target:
         report = await replay(log_of(engine.settings, topic), target)
         assert report.events >= EVENTS
         assert await versions(target, org) == expected
         assert await row_counts(target, org) == await row_counts(engine.settings.database_url, org)
         assert await compare(engine.settings.database_url, target) == []
-    finally:
-        await drop_database(engine.settings.database_url, target)
     # The archive's copy of the log rebuilds the same state.
-    target = await create_database(engine.settings.database_url, "ce_test_replay")
-    try:
+    async with fresh_database(engine.settings.database_url, "ce_test_replay") as target:
         await replay(read_archive(engine.settings.database_url, topic), target)
         assert await compare(engine.settings.database_url, target) == []
-    finally:
-        await drop_database(engine.settings.database_url, target)
 
 
 async def test_verify_reports_nothing_then_names_a_tampered_event(engine):

@@ -29,9 +29,10 @@ from projections.search import search as search_projection
 from projections.migrate import APP_ROLE
 from context_engine.scope import Scope
 from streams.record_auth import verifier_from_settings
-from streams.replay import create_database, drop_database, read_log, replay
+from streams.replay import read_log, replay
 from streams.topics import LogTopics
 from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
+from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
 from tests.integration.test_session_write_path import expect_error, session_version
 
@@ -459,8 +460,7 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
     the same chunks, postings, statistics and vectors, and computes no embedding."""
     org, _caller = corpus
     settings = engine.settings
-    target = await create_database(settings.database_url, "ce_test_replay_chunks")
-    try:
+    async with fresh_database(settings.database_url, "ce_test_replay_chunks") as target:
         await replay(read_log(settings.kafka_bootstrap, LogTopics.from_settings(settings).events,
                               verifier=verifier_from_settings(settings)), target)
         queries = [
@@ -489,8 +489,6 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
         finally:
             await live.close()
             await rebuilt.close()
-    finally:
-        await drop_database(settings.database_url, target)
 
 
 async def test_term_statistics_follow_rollbacks(engine):
@@ -520,8 +518,7 @@ async def test_term_statistics_follow_rollbacks(engine):
     assert tokens == counted_tokens == count_tokens("apples and pears") + count_tokens("apples again")
 
     settings = engine.settings
-    target = await create_database(settings.database_url, "ce_test_replay_stats")
-    try:
+    async with fresh_database(settings.database_url, "ce_test_replay_stats") as target:
         await replay(read_log(settings.kafka_bootstrap, LogTopics.from_settings(settings).events,
                               verifier=verifier_from_settings(settings)), target)
         live, rebuilt = await asyncpg.connect(settings.database_url), await asyncpg.connect(target)
@@ -533,8 +530,6 @@ async def test_term_statistics_follow_rollbacks(engine):
         finally:
             await live.close()
             await rebuilt.close()
-    finally:
-        await drop_database(settings.database_url, target)
 
 
 async def test_the_backlog_sweep_pages_through_every_unembedded_chunk_once(engine):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import random
 import uuid
@@ -17,7 +18,6 @@ import numpy as np
 import orjson
 import pytest
 
-from context_engine.embedded.postgres import with_database
 from context_engine import events as events_module
 from context_engine.events import (
     EVENT_INGESTED,
@@ -28,10 +28,9 @@ from context_engine.events import (
     session_aggregate,
 )
 from context_engine.hashing import chain, genesis_version, next_version, sha256_hex
-from projections import queries
+from projections import db_admin, queries
 from projections.chunk_projection import assign_vectors_recorded_by
 from projections.database import create_pool, init_connection
-from projections.migrate import migrate
 from projections.records import LogRecord
 from context_engine.visibility import Visibility
 from projections.session_projector import (
@@ -49,6 +48,8 @@ from projections.session_projector import (
 from context_engine.scope import Scope
 from streams.embedding_pipeline import recorded_event
 from streams.vector_assigner import VectorAssigner
+from tests.fixtures.databases import fresh_database
+
 
 pytestmark = pytest.mark.integration
 
@@ -127,31 +128,10 @@ def new_org() -> str:
 # -- fixtures -------------------------------------------------------------------------------
 
 
-async def _create_db(postgres_url: str, prefix: str) -> tuple[str, str]:
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(postgres_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    url = with_database(postgres_url, name)
-    await migrate(url, app_password="app-test-password")
-    return name, url
-
-
-async def _drop_db(postgres_url: str, name: str) -> None:
-    admin = await asyncpg.connect(postgres_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
 @pytest.fixture(scope="module")
 async def db_url(postgres_url: str) -> AsyncIterator[str]:
-    name, url = await _create_db(postgres_url, "ce_proj")
-    yield url
-    await _drop_db(postgres_url, name)
+    async with fresh_database(postgres_url, "ce_proj", migrated=True) as url:
+        yield url
 
 
 @pytest.fixture
@@ -571,8 +551,7 @@ async def test_memory_outside_a_session_has_no_chain(conn: asyncpg.Connection) -
 async def test_a_worker_role_subject_to_rls_projects_the_same(conn: asyncpg.Connection, db_url: str) -> None:
     """apply_batch sets app.org_id per org: it must not depend on bypassing RLS."""
     role = "ce_test_rls_worker"
-    await conn.execute(f"""DO $$ BEGIN CREATE ROLE {role} NOLOGIN NOBYPASSRLS;
-                           EXCEPTION WHEN duplicate_object THEN NULL; END $$""")
+    await db_admin.ensure_role(conn, role, login=False)
     await conn.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role}")
     orgs, log = [new_org(), new_org()], Log()
     events = [ingest(o, "s", f"{o} {i}") for i in range(3) for o in orgs] + [rollback(orgs[0], "s", "0" * 64)]
@@ -709,10 +688,8 @@ async def _dump(conn: asyncpg.Connection) -> dict[str, list[tuple[Any, ...]]]:
 async def test_replay_of_the_archive_into_a_fresh_database_is_identical(postgres_url: str) -> None:
     orgs = [new_org(), new_org()]
     log = _random_log(orgs, 600, seed=7)
-    names = []
-    try:
-        name, live_url = await _create_db(postgres_url, "ce_live")
-        names.append(name)
+    async with contextlib.AsyncExitStack() as databases:
+        live_url = await databases.enter_async_context(fresh_database(postgres_url, "ce_live", migrated=True))
         live = await asyncpg.connect(live_url)
         try:
             rng = random.Random(1)
@@ -729,8 +706,7 @@ async def test_replay_of_the_archive_into_a_fresh_database_is_identical(postgres
         assert len(archived) == len({orjson.loads(r.raw)["event_id"] for r in log.records})
         assert len(want["snapshots"]) > 0 and any(not row[8] for row in want["session_items"])  # rollbacks happened
 
-        name, replay_url = await _create_db(postgres_url, "ce_replay")
-        names.append(name)
+        replay_url = await databases.enter_async_context(fresh_database(postgres_url, "ce_replay", migrated=True))
         fresh = await asyncpg.connect(replay_url)
         try:
             for start in range(0, len(archived), 500):  # replay: big batches, partition by partition
@@ -740,9 +716,6 @@ async def test_replay_of_the_archive_into_a_fresh_database_is_identical(postgres
             await fresh.close()
         assert {t: len(rows) for t, rows in got.items()} == {t: len(rows) for t, rows in want.items()}
         assert got == want
-    finally:
-        for name in names:
-            await _drop_db(postgres_url, name)
 
 
 async def test_identical_content_is_embedded_once(conn: asyncpg.Connection) -> None:
@@ -898,8 +871,7 @@ async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it
         by_source.setdefault(str(r[2]), set()).add(r[13])  # active flags
     assert by_source[later.event_id] == {False} and by_source[first.event_id] == {True}
 
-    name, replay_url = await _create_db(postgres_url, "ce_bulk")
-    try:
+    async with fresh_database(postgres_url, "ce_bulk", migrated=True) as replay_url:
         fresh = await asyncpg.connect(replay_url)
         try:
             archived = [LogRecord(r["topic"], r["partition"], r["offset"], bytes(r["raw"])) for r in await conn.fetch(
@@ -912,8 +884,6 @@ async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it
             assert await deferred_indexing.pending_count(fresh) == 0
         finally:
             await fresh.close()
-    finally:
-        await _drop_db(postgres_url, name)
     assert {t: len(v) for t, v in replayed.items()} == {t: len(v) for t, v in live.items()}
     assert replayed == live
 

@@ -48,12 +48,11 @@ from context_engine.embedded.postgres import (
     _as_user,
     _make_traversable,
     pg_install_dir,
-    with_database,
 )
 from context_engine.embedded.process import free_port
 from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
-from projections import deferred_indexing, savings_projection
+from projections import db_admin, deferred_indexing, savings_projection
 from projections.chunk_projection import pending_vector_assignments
 from projections.database import create_pool, org_transaction
 from projections.migrate import (
@@ -71,7 +70,7 @@ from context_engine.scope import Scope
 from streams import pii_rescan
 from tests.fixtures.engine import unique
 from tests.fixtures.infra import APP_PASSWORD
-from tests.fixtures.owned_database import owned_database
+from tests.fixtures.databases import fresh_database, owned_database
 
 pytestmark = pytest.mark.integration
 
@@ -520,14 +519,8 @@ async def test_every_system_policy_is_the_system_roles_only(engine) -> None:
 
 @pytest.fixture
 async def fresh_db(postgres_url: str):
-    name = f"ce_host_pg_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(postgres_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(postgres_url, name)
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    async with fresh_database(postgres_url, "ce_host_pg") as url:
+        yield url
 
 
 @pytest.mark.parametrize("door", ["the app role holds the system role", "the app role holds it through a group",
@@ -536,7 +529,7 @@ async def test_migrate_refuses_a_role_setup_that_widens_the_api(door: str, fresh
     app_role = f"ce_test_app_{uuid.uuid4().hex[:6]}"  # the engine's own app role stays untouched
     admin = await asyncpg.connect(postgres_url)
     try:
-        await admin.execute(f"CREATE ROLE {app_role} LOGIN PASSWORD 'x{uuid.uuid4().hex}'")
+        await db_admin.create_login_role(admin, app_role, f"x{uuid.uuid4().hex}")
         await migrate(fresh_db, app_role=app_role)
         if door == "the app role holds the system role":
             await admin.execute(f"GRANT {SYSTEM_ROLE} TO {app_role}")
@@ -551,14 +544,14 @@ async def test_migrate_refuses_a_role_setup_that_widens_the_api(door: str, fresh
                 with pytest.raises(MigrationError, match=f"{app_role}.*member of 'context_engine_system'"):
                     await migrate(fresh_db, app_role=app_role)
             finally:
-                await admin.execute(f"DROP ROLE {group}")
+                await db_admin.drop_role(admin, group)
         else:
             password = uuid.uuid4().hex
-            await admin.execute(f"ALTER ROLE {app_role} PASSWORD '{password}'")
+            await db_admin.set_password(admin, app_role, password)
             with pytest.raises(MigrationError, match="connects as the app role"):
                 await migrate(app_url(fresh_db, app_role, password), app_role=app_role)
     finally:
-        await admin.execute(f"DROP ROLE IF EXISTS {app_role}")
+        await db_admin.drop_role(admin, app_role)
         await admin.close()
 
 
