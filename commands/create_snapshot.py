@@ -12,7 +12,8 @@ from context_engine import validation
 from commands.deps import Deps
 from commands.session_access import visible_session
 from context_engine.errors import AlreadyExists
-from context_engine.events import Event, SessionRef, SnapshotCreated
+from context_engine import events
+from context_engine.events import Event, SessionRef
 from projections import queries
 from context_engine.visibility import Visibility
 from projections.database import org_transaction
@@ -49,7 +50,8 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
 
     snapshot_id = str(uuid.uuid4())
     session = SessionRef(org, command.session_id)
-    event = Event.of(SnapshotCreated(command.session_id, snapshot_id, command.snapshot_name),
+    # events.SnapshotCreated is the event; SnapshotCreated, this command's answer.
+    event = Event.of(events.SnapshotCreated(command.session_id, snapshot_id, command.snapshot_name),
                      scope=principal.scope, actor=principal.subject, aggregate=session.aggregate)
     await deps.append(event, session.key)
     async with org_transaction(deps.pool, org) as conn:
