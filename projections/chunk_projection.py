@@ -1,6 +1,6 @@
 """The retrieval projection: chunks, BM25 postings, corpus statistics and recorded vectors.
 
-Driven by the session projector (`session_projector._OrgApplier`) inside its transaction, so the
+Driven by the session projector (projections/projector/org_applier.py) inside its transaction, so the
 chunks of a content up to INLINE_INDEX_BYTES appear atomically with the event that produced them
 (a longer content's after the commit: projections/deferred_indexing.py), and replay rebuilds them
 the same way:

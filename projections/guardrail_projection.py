@@ -57,17 +57,16 @@ from context_engine.guardrails.trust import configured_trusted_fingerprints
 from context_engine.metrics import GUARDRAIL_LAYERS_REFUSED
 from projections.database import set_config_sql
 from projections.guardrail_queries import GuardrailLayerRow, published_layer
-
+from projections.projector.outcome import Outcome
 log = structlog.get_logger("context_engine.guardrails")
 
-# Same strings as the session projector's outcomes (not imported: it imports this module).
-APPLIED = "APPLIED"
-DUPLICATE = "DUPLICATE"
-REJECTED_MALFORMED = "REJECTED_MALFORMED"
-REJECTED_SCOPE = "REJECTED_SCOPE"
-REJECTED_BAD_SIGNATURE = "REJECTED_BAD_SIGNATURE"
-REJECTED_UNTRUSTED_KEY = "REJECTED_UNTRUSTED_KEY"
-REJECTED_STALE = "REJECTED_STALE"
+APPLIED = Outcome.APPLIED
+DUPLICATE = Outcome.DUPLICATE
+REJECTED_MALFORMED = Outcome.REJECTED_MALFORMED
+REJECTED_SCOPE = Outcome.REJECTED_SCOPE
+REJECTED_BAD_SIGNATURE = Outcome.REJECTED_BAD_SIGNATURE
+REJECTED_UNTRUSTED_KEY = Outcome.REJECTED_UNTRUSTED_KEY
+REJECTED_STALE = Outcome.REJECTED_STALE
 REJECTED = frozenset({REJECTED_MALFORMED, REJECTED_SCOPE, REJECTED_BAD_SIGNATURE,
                       REJECTED_UNTRUSTED_KEY, REJECTED_STALE})
 

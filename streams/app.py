@@ -62,8 +62,8 @@ from streams.fetch_wait import AdaptiveFetchWait
 from inference.pii_client import PiiClient
 from projections.savings_projection import apply_samples
 from context_engine.scope import Scope
-from streams.jobs import (baseline_sample, embedding_job, open_envelope, open_indexing_job,
-                                         open_pii_scan_job, scope_of)
+from streams.jobs import (baseline_sample, embedding_job, job_message, open_envelope, open_indexing_job,
+                         open_pii_scan_job, scope_of)
 from streams.pii_scanner import PiiScanner
 from streams.kafka_security import client_security, faust_credentials
 from streams.acknowledgement import announcement
@@ -233,7 +233,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
             for applied in await project_batch(db, records):
                 if applied.type == EMBEDDING_RECORDED and applied.outcome == APPLIED:
                     assigner.put(applied.org_id, applied.event_id)
-                for kind, job in applied.jobs:
+                for kind, job in map(job_message, applied.jobs):
                     await job_topics[kind].send(**signed(topics.jobs[kind], job.key, job.value))
 
     async def index(sources_by_org: dict[str, list[str]]) -> None:

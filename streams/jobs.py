@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from upsquad.context.v1 import context_pb2, stream_pb2
 
+from projections.projector.job_requests import CompactSession, EmbedChunks, IndexSource, JobRequest, ScanMemory
 from projections.savings_projection import Sample
 from context_engine.scope import Scope
 from streams.record_auth import RecordSigner
@@ -101,6 +102,20 @@ def indexing_job(scope: Scope, source_event_id: str) -> JobMessage:
 def open_indexing_job(raw: bytes) -> tuple[stream_pb2.StreamEnvelope, str]:
     env = stream_pb2.StreamEnvelope.FromString(raw)
     return env, str(orjson.loads(env.payload)["source_event_id"])
+
+
+def job_message(request: JobRequest) -> tuple[str, JobMessage]:
+    """The stream kind and the envelope of a job the projector asked for."""
+    match request:
+        case EmbedChunks(scope, event_id, chunk_ids):
+            return "embedding", embedding_job(scope, event_id, list(chunk_ids))
+        case ScanMemory(scope, memory_event_id):
+            return "pii", pii_scan_job(scope, memory_event_id)
+        case CompactSession(scope, session_id, token_count, token_budget):
+            return "compaction", compaction_job(scope, session_id, token_count, token_budget)
+        case IndexSource(scope, source_event_id):
+            return "indexing", indexing_job(scope, source_event_id)
+    raise TypeError(f"not a job request: {request!r}")
 
 
 def baseline_metric(scope: Scope, *, prompt_id: str, session_id: str, assembled_tokens: int,

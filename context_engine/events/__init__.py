@@ -2,13 +2,13 @@
 embedding.py, guardrail.py) registered by type name (registry.py), and the names of aggregates
 (aggregates.py)."""
 
-from .registry import BODY_TYPES, CURRENT_VERSIONS, UPCASTERS, EventBody, Payload, Upcaster, event_type
 from .aggregates import SessionRef, embedding_aggregate, session_aggregate
-from .envelope import Event, EventDecodeError, canonical_bytes, decode
-from .session import CompactionThreshold, EventIngested, SessionRolledBack, SnapshotCreated
-from .memory import MemoryPushed, MemoryScrubbed
 from .embedding import EmbeddingRecorded
+from .envelope import Event, EventDecodeError, canonical_bytes, decode
 from .guardrail import GuardrailPublished
+from .memory import MemoryPushed, MemoryScrubbed
+from .registry import BODY_TYPES, CURRENT_VERSIONS, UPCASTERS, EventBody, Payload, Upcaster, event_type
+from .session import CompactionThreshold, EventIngested, SessionRolledBack, SnapshotCreated
 
 EVENT_INGESTED = EventIngested.TYPE
 MEMORY_PUSHED = MemoryPushed.TYPE

@@ -47,6 +47,7 @@ from projections.session_projector import (
 )
 from context_engine.scope import Scope
 from streams.embedding_pipeline import recorded_event
+from streams.jobs import job_message
 from streams.vector_assigner import VectorAssigner
 from tests.fixtures.databases import fresh_database
 
@@ -727,7 +728,7 @@ async def test_identical_content_is_embedded_once(conn: asyncpg.Connection) -> N
     vector = np.linspace(-1, 1, 384, dtype=np.float32)
 
     def jobs(applied) -> dict[str, list[str]]:
-        return {a.event_id: [kind for kind, _ in a.jobs] for a in applied}
+        return {a.event_id: [kind for kind, _ in map(job_message, a.jobs)] for a in applied}
 
     first = ingest(org, "s1", "the same words")
     assert jobs(await apply_batch(conn, log.append(first))) == {first.event_id: ["embedding"]}
@@ -850,7 +851,7 @@ async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it
     pushed = push(org, "s", "x", memory_type="semantic")
     assert all(len(base64.b64decode(e.payload["content_b64"])) > INLINE_INDEX_BYTES for e in (first, kept, later))
     applied = await apply_batch(conn, log.append(short, first, kept, later, pushed))
-    jobs = {a.event_id: [kind for kind, _ in a.jobs] for a in applied}
+    jobs = {a.event_id: [kind for kind, _ in map(job_message, a.jobs)] for a in applied}
     assert jobs[short.event_id] == ["embedding"] and jobs[first.event_id] == ["indexing"]
     rows = await _retrieval_rows(conn, org)
     assert {r[2] for r in rows["chunks"]} == {uuid.UUID(short.event_id)}  # only the short one so far

@@ -1,0 +1,43 @@
+"""One applier per event type: type -> async function (org applier, record, event) -> Applied.
+
+An event type without an applier is archived and reported IGNORED (another projector's)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from context_engine.events import (
+    COMPACTION_THRESHOLD,
+    EMBEDDING_RECORDED,
+    EVENT_INGESTED,
+    GUARDRAIL_PUBLISHED,
+    MEMORY_PUSHED,
+    MEMORY_SCRUBBED,
+    SESSION_ROLLED_BACK,
+    SNAPSHOT_CREATED,
+    Event,
+)
+from projections.records import LogRecord
+
+from ..outcome import Applied
+from . import compaction, embedding, guardrail, ingested, memory, rollback, snapshot
+
+if TYPE_CHECKING:
+    from ..org_applier import OrgApplier
+
+Applier = Callable[["OrgApplier", LogRecord, Event], Awaitable[Applied]]
+
+APPLIERS: dict[str, Applier] = {
+    EVENT_INGESTED: ingested.apply,
+    MEMORY_PUSHED: memory.apply_pushed,
+    SNAPSHOT_CREATED: snapshot.apply,
+    SESSION_ROLLED_BACK: rollback.apply,
+    COMPACTION_THRESHOLD: compaction.apply,
+    GUARDRAIL_PUBLISHED: guardrail.apply,
+    MEMORY_SCRUBBED: memory.apply_scrubbed,
+    EMBEDDING_RECORDED: embedding.apply,
+}
+
+# The types whose session has an owner scope: an event from outside it changes nothing (OUT_OF_SCOPE).
+SESSION_TYPES = frozenset({EVENT_INGESTED, MEMORY_PUSHED, SNAPSHOT_CREATED, SESSION_ROLLED_BACK})

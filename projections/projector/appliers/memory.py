@@ -1,0 +1,82 @@
+"""memory.pushed and memory.scrubbed: an agent's memory versions and their PII scan."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+import orjson
+
+from context_engine.events import Event, MemoryPushed, MemoryScrubbed
+from context_engine.hashing import sha256_hex
+from projections.chunk_projection import SEMANTIC
+from projections.records import LogRecord
+
+from ..job_requests import ScanMemory
+from ..outcome import Applied, Outcome, applied
+from ..rows import json_text
+from .content import decoded
+
+if TYPE_CHECKING:
+    from ..org_applier import OrgApplier
+
+
+async def apply_pushed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+    """-> a memory_versions row (PII status 'pending', and a scan asked for), and a chain item
+    (kind 'memory') when the memory is in a session."""
+    pushed = MemoryPushed.from_payload(ev.payload)
+    content = decoded(pushed.content_b64)
+    sid = pushed.session_id or None
+    seq = version = None
+    if sid:
+        seq, version = org.chain.append(org.chain.session(sid, ev), ev, "memory")
+    sc = ev.scope
+    org.memory_versions.append((
+        ev.event_id, sc.path, sc.pillar_id, sc.team_id, sc.agent_id, pushed.agent_id or sc.agent_id, sid, seq,
+        pushed.memory_type, content, json_text(pushed.metadata), pushed.content_sha256 or sha256_hex(content),
+        version, ev.occurred))
+    return applied(rec, ev, Outcome.APPLIED, sid, seq, version, jobs=(ScanMemory(ev.scope, ev.event_id),))
+
+
+async def apply_scrubbed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+    """The PII scan's result for a pushed memory: its redacted content replaces the raw one;
+    semantic memory becomes chunks, searchable only when the status is 'clear'. A later scan
+    (pii rescan) replaces an earlier one's chunks."""
+    body = MemoryScrubbed.from_payload(ev.payload)
+    status = body.status
+    if status not in ("clear", "quarantined"):
+        raise ValueError(f"memory.scrubbed status {status!r}")
+    content = decoded(body.content_b64)
+    await org.flush()
+    row = await org.conn.fetchrow(
+        "UPDATE memory_versions SET content = $3, pii_status = $4, pii_spans = $5::text::jsonb, "
+        "  pii_detector_version = $6, pii_fallback_reason = $7, pii_scanned_by = $8 "
+        "WHERE org_id = $1 AND event_id = $2 "
+        "RETURNING scope_path, session_id, memory_type, metadata::text AS metadata, created_at, active",
+        org.org_id, uuid.UUID(body.memory_event_id), content, status, json_text(body.spans_by_class),
+        body.detector_version, body.fallback_reason, ev.event_id)
+    if row is None:
+        return applied(rec, ev, Outcome.UNKNOWN_TARGET)
+    if row["memory_type"] == SEMANTIC:
+        await org.chunks.remove_source(body.memory_event_id)
+        await org.chunks.add(event_id=body.memory_event_id, source_kind="memory",
+                             session_id=row["session_id"], scope_path=row["scope_path"], content=content,
+                             metadata=orjson.loads(row["metadata"]), created_at=row["created_at"],
+                             pii_status=status, active=row["active"], added_by=ev.event_id)
+    return applied(rec, ev, Outcome.APPLIED, row["session_id"])
+
+
+INSERT_MEMORY_VERSIONS = """
+INSERT INTO memory_versions (event_id, org_id, scope_path, pillar_id, team_id, scope_agent_id,
+                             agent_id, session_id, seq, memory_type, content, metadata,
+                             content_sha256, session_version, created_at, pii_status)
+SELECT u.event_id, $1, u.scope_path, u.pillar_id, u.team_id, u.scope_agent_id, u.agent_id,
+       u.session_id, u.seq, u.memory_type, u.content, u.metadata::jsonb, u.content_sha256,
+       u.session_version, u.created_at, 'pending'
+FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+            $9::bigint[], $10::text[], $11::bytea[], $12::text[], $13::text[], $14::text[],
+            $15::timestamptz[])
+     AS u(event_id, scope_path, pillar_id, team_id, scope_agent_id, agent_id, session_id, seq,
+          memory_type, content, metadata, content_sha256, session_version, created_at)
+"""
+MEMORY_VERSION_COLUMNS = 14
