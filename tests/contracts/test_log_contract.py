@@ -195,7 +195,7 @@ async def test_the_guard_refuses_appends_while_the_log_is_lost_and_opens_when_it
         await ensure_topics(bootstrap, topics.partitions, timeout=5.0)
 
     org = new_org()
-    async with running_log(bootstrap, topics, keyring, recover=recover, hold_timeout=1.0) as log:
+    async with running_log(bootstrap, topics, keyring, recover=recover, hold_timeout=2.0) as log:
         before = await log.append(ingest(org, "s", "before"))
         await faultable_broker.lose_log(topics)
         await asyncio.wait_for(recovering.wait(), 10)
@@ -215,7 +215,7 @@ async def test_the_guard_refuses_appends_while_the_log_is_lost_and_opens_when_it
             except Unavailable as exc:
                 assert exc.reason in ("LOG_RECOVERING", "LOG_UNAVAILABLE"), exc
                 assert time.monotonic() < deadline, "the guard did not open again"
-        assert log.guard.recoveries == 1
+        assert log.guard.recoveries >= 1  # more if it saw the log lost again on its way back
 
     assert (await partition_counts(bootstrap))[topics.events] == topics.partitions[topics.events]
     n = topics.partitions[topics.events]
