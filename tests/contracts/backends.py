@@ -10,7 +10,6 @@ skip naming the variable when it is unset.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pathlib
 import tempfile
@@ -23,10 +22,10 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from context_engine.embedded.broker import EmbeddedBroker
-from context_engine.embedded.postgres import EmbeddedPostgres, drop_database, ensure_database
-from projections.migrate import migrate
+from context_engine.embedded.postgres import EmbeddedPostgres
 from streams.topics import LogTopics
-from tests.fixtures.infra import _FAST_PG, APP_PASSWORD, DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV
+from tests.fixtures.databases import fresh_database
+from tests.fixtures.infra import _FAST_PG, DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV
 from tests.integration.test_faults import restart_like_the_supervisor
 
 BACKENDS = ("embedded", "external")
@@ -124,27 +123,17 @@ def _contract_embedded_postgres(request: pytest.FixtureRequest) -> Iterator[Embe
             server.stop()
 
 
-async def _migrated_database(server_url: str) -> tuple[str, str]:
-    name = f"ce_contract_{uuid.uuid4().hex[:8]}"
-    url = await asyncio.to_thread(ensure_database, server_url, name)
-    await migrate(url, app_password=APP_PASSWORD)
-    return url, name
-
-
 @pytest.fixture(scope="session")
 async def embedded_database(_contract_embedded_postgres: EmbeddedPostgres) -> AsyncIterator[str]:
     """Superuser URL of a migrated database of the contract suites' own, on the embedded server."""
-    url, name = await _migrated_database(_contract_embedded_postgres.dsn)
-    yield url
-    await asyncio.to_thread(drop_database, _contract_embedded_postgres.dsn, name)
+    async with fresh_database(_contract_embedded_postgres.dsn, "ce_contract", migrated=True) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
 async def external_database() -> AsyncIterator[str]:
-    server_url = external_or_skip(DATABASE_URL_ENV)
-    url, name = await _migrated_database(server_url)
-    yield url
-    await asyncio.to_thread(drop_database, server_url, name)
+    async with fresh_database(external_or_skip(DATABASE_URL_ENV), "ce_contract", migrated=True) as url:
+        yield url
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
