@@ -3,15 +3,15 @@
 One function, `apply_batch`, serves the live Faust agent (a batch per `stream.take`) and bulk
 replay (batches read back from the archive or the log): the chain is a pure function of log
 order, so both paths produce the same rows and the same version hashes. How a batch is
-committed: projections/projector/batch.py; what each event type does: projections/projector/appliers/;
-the payloads: the event classes (context_engine/events/).
+committed: projections/projector/batch.py; what each event type does:
+projections/projector/appliers/; the payloads: the event classes (context_engine/events/).
 
-Every record gets an `Applied` with its `Outcome`; the work it asks of the job streams (embedding,
-PII scan, compaction, indexing) comes back as plain requests (`Applied.jobs`), which the worker
-publishes after the commit (streams/jobs.py). Event types without an applier are archived and
-IGNORED (their own projectors handle them); a type `context_engine.events` does not know fails
-decoding, and is set aside. For every session event, `Event.aggregate` must be the session's
-`SessionRef.aggregate`, the partition key that makes the session's log order total.
+Every record gets an `Applied` with its `Outcome`; the work it asks for (embedding, PII scan,
+compaction, indexing) comes back as plain requests (`Applied.jobs`), which the worker turns into
+job envelopes (`job_message`) and publishes after the commit. Event types without an applier are
+archived and IGNORED (their own projectors handle them); a type `context_engine.events` does not
+know fails decoding, and is set aside. For every session event, `Event.aggregate` must be the
+session's `SessionRef.aggregate`, the partition key that makes the session's log order total.
 """
 
 from __future__ import annotations

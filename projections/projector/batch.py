@@ -88,23 +88,7 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
             if org_id != first_org:  # the opening statements set the first
                 await conn.execute(f"RELEASE SAVEPOINT org_batch;\n{set_config_sql({'app.org_id': org_id})};\n"
                                    "SAVEPOINT org_batch")
-            try:
-                await _project_org(conn, org_id, records, events, indexes, results, bulk)
-            except Exception as exc:  # noqa: BLE001 - whatever is not the infrastructure's is an event's
-                if is_infrastructure_failure(exc):
-                    raise
-                await conn.execute("ROLLBACK TO SAVEPOINT org_batch")
-                for i in indexes:  # the slow path: find the events that fail, keep the rest
-                    await conn.execute("SAVEPOINT one_event")
-                    try:
-                        await _project_org(conn, org_id, records, events, [i], results, bulk)
-                    except Exception as exc:  # noqa: BLE001
-                        if is_infrastructure_failure(exc):
-                            raise
-                        await conn.execute("ROLLBACK TO SAVEPOINT one_event")
-                        rejections.append(rejection(records[i], exc, events[i]))
-                        results[i] = rejections[-1].applied
-                    await conn.execute("RELEASE SAVEPOINT one_event")
+            await _project_org_or_set_aside(conn, org_id, records, events, indexes, results, rejections, bulk)
         new = await set_aside(conn, rejections) if rejections else set()
     for r in rejections:  # said once it is committed, and only the first time
         if sha256_hex(r.raw) in new:
@@ -112,6 +96,32 @@ async def apply_batch(conn: asyncpg.Connection, records: Sequence[LogRecord], *,
             log.warning("event set aside", org_id=r.applied.org_id, event_id=r.applied.event_id or None,
                         position=where(r.applied), reason=r.reason)
     return [r for r in results if r is not None]
+
+
+async def _project_org_or_set_aside(conn: asyncpg.Connection, org_id: str, records: Sequence[LogRecord],
+                                    events: Sequence[Event | None], indexes: list[int],
+                                    results: list[Applied | None], rejections: list[Rejection],
+                                    bulk: BulkLoad | None) -> None:
+    """Project one org's events under the savepoint `org_batch`; when one of them fails, apply
+    them again one at a time, each under its own savepoint, and set aside those that fail."""
+    try:
+        await _project_org(conn, org_id, records, events, indexes, results, bulk)
+        return
+    except Exception as exc:  # noqa: BLE001 - whatever is not the infrastructure's is an event's
+        if is_infrastructure_failure(exc):
+            raise
+    await conn.execute("ROLLBACK TO SAVEPOINT org_batch")
+    for i in indexes:  # the slow path: find the events that fail, keep the rest
+        await conn.execute("SAVEPOINT one_event")
+        try:
+            await _project_org(conn, org_id, records, events, [i], results, bulk)
+        except Exception as exc:  # noqa: BLE001
+            if is_infrastructure_failure(exc):
+                raise
+            await conn.execute("ROLLBACK TO SAVEPOINT one_event")
+            rejections.append(rejection(records[i], exc, events[i]))
+            results[i] = rejections[-1].applied
+        await conn.execute("RELEASE SAVEPOINT one_event")
 
 
 async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[LogRecord],

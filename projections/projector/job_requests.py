@@ -1,5 +1,5 @@
-"""Work an applied event asks of the job streams, as plain values: the worker turns each into its
-stream's envelope and publishes it after the batch commits (streams/jobs.py, `job_message`)."""
+"""Work an applied event asks for, as plain values: the worker turns each into its job envelope
+(`job_message`) and publishes it after the batch commits."""
 
 from __future__ import annotations
 

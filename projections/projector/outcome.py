@@ -53,7 +53,7 @@ class Applied:
     session_id: str | None = None
     seq: int | None = None
     version: str | None = None
-    # Work this event asks of the job streams, published by the worker after the commit.
+    # Work this event asks for, published by the worker after the commit.
     jobs: tuple[JobRequest, ...] = ()
 
 
