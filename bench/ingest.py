@@ -30,8 +30,9 @@ from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.auth import ensure_dev_key, mint_token
+from projections import db_admin
 from streams.record_auth import Keyring, RecordVerifier
-from streams.replay import create_database, read_archive, read_log, replay
+from streams.replay import read_archive, read_log, replay
 
 from options import add_setting_option, stack_settings
 from report import machine, percentile
@@ -95,7 +96,8 @@ async def replay_rates(endpoints: dict[str, str], topic: str, home: pathlib.Path
     verifier = RecordVerifier(Keyring(home / "keys" / "log-hmac.keyring", create=False))
     for name, records in (("log", read_log(endpoints["kafka_bootstrap"], topic, verifier=verifier)),
                           ("archive", read_archive(endpoints["database_url"], topic))):
-        target = await create_database(endpoints["database_url"], f"bench_replay_{name}")
+        target = await db_admin.create_database(endpoints["database_url"],
+                                                db_admin.timestamped_name(f"bench_replay_{name}"))
         report = await replay(records, target)
         rates[name] = (report.events, report.rate)
     return rates

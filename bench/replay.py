@@ -23,8 +23,9 @@ from collections.abc import AsyncIterator
 
 from asyncpg.connection import Connection
 
+from projections import db_admin
 from projections.records import LogRecord
-from streams.replay import create_database, drop_database, read_archive, replay
+from streams.replay import read_archive, replay
 from streams.topics import LogTopics
 from context_engine.config import Settings
 
@@ -67,7 +68,7 @@ async def first(batches: AsyncIterator[list[LogRecord]], limit: int | None) -> A
 
 async def run(database_url: str, topic: str, limit: int | None) -> tuple[int, int, float]:
     """(events archived, events replayed, seconds)."""
-    target = await create_database(database_url, "bench_replay")
+    target = await db_admin.create_database(database_url, db_admin.timestamped_name("bench_replay"))
     archived: list[int] = []
     try:
         STATEMENTS.clear()
@@ -75,7 +76,7 @@ async def run(database_url: str, topic: str, limit: int | None) -> tuple[int, in
         return archived[0], report.events, report.seconds
     finally:
         measured = dict(STATEMENTS)
-        await drop_database(database_url, target)
+        await db_admin.drop_database(database_url, db_admin.database_of(target))
         STATEMENTS.clear()
         STATEMENTS.update(measured)
 

@@ -27,17 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from context_engine.events import GUARDRAIL_PUBLISHED
 from context_engine.hashing import sha256_hex
+from projections import db_admin
 from projections.database import create_pool
 from projections.deferred_indexing import MAX_ATTEMPTS
 from projections.migrate import migrate
@@ -226,29 +225,6 @@ async def _deferred_indexes(conn: asyncpg.Connection) -> list[tuple[str, str]]:
     return [(r[0], r[1]) for r in rows]
 
 
-def with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-async def create_database(admin_url: str, prefix: str) -> str:
-    name = f"{prefix}_{time.strftime('%Y%m%d%H%M%S')}_{uuid.uuid4().hex[:6]}"
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return with_database(admin_url, name)
-
-
-async def drop_database(admin_url: str, url: str) -> None:
-    name = urlsplit(url).path.lstrip("/")
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
-
-
 # What verify compares: a key naming the row, the values that must match, and the event to blame.
 _CHECKS = {
     "session item": ("SELECT org_id || '/' || session_id || ' seq ' || seq AS key, event_id::text AS event, "
@@ -305,12 +281,12 @@ async def verify(records: AsyncIterator[list[LogRecord]], admin_url: str, *,
     the archive and the set-aside records, so that an event the read models never received is
     named too."""
     differences = await compare_log(*log, admin_url) if log is not None else []
-    scratch = await create_database(admin_url, "context_engine_verify")
+    scratch = await db_admin.create_database(admin_url, db_admin.timestamped_name("context_engine_verify"))
     try:
         report = await replay(records, scratch, progress=progress)
         return report, differences + await compare(admin_url, scratch)
     finally:
-        await drop_database(admin_url, scratch)
+        await db_admin.drop_database(admin_url, db_admin.database_of(scratch))
 
 
 # An event can be on the log and not yet projected while the stack runs: a record missing from

@@ -48,13 +48,15 @@ def replay(
     data_dir: DataDir = None,
 ) -> None:
     """Rebuild every read model from the log into an empty database."""
-    from streams.replay import create_database, replay as run_replay
+    from projections import db_admin
+    from streams.replay import replay as run_replay
 
     settings = stack_settings(data_dir)
     refused: list = []
 
     async def go():
-        target = into or await create_database(settings.database_url, "context_engine_replay")
+        target = into or await db_admin.create_database(
+            settings.database_url, db_admin.timestamped_name("context_engine_replay"))
         bar, set_total = _progress("replay")
         with bar:
             report = await run_replay(_records(settings, source_name, set_total, refused.append), target,
