@@ -47,12 +47,12 @@ from inference.query_vectors import QueryVectors
 from context_engine.metrics import RETRIEVAL_PASSES, timed
 from projections.database import org_transaction
 from projections.retrieval.bm25 import (
-    B,
-    K1,
     CorpusStats,
     analyze,
+    idf_sql,
     minimum_should_match,
     query_idf_mass,
+    term_score_sql,
 )
 from projections.retrieval.confidence_gate import Pool, retrieve_with_gate_async
 from projections.retrieval.fusion import HYBRID, ScoredCandidate, bm25_sql, cosine_sql, recency_sql
@@ -181,7 +181,7 @@ WITH s AS (
     WHERE org_id = $1 AND term = ANY($2::text[]) AND scope_path = ANY($3::text[]) AND ($4 = '' OR domain = $4)
     GROUP BY term
 ), weights AS (
-    SELECT q.term, ln(1.0::float8 + (s.n - df.df + 0.5::float8) / (df.df + 0.5::float8)) * q.times AS weight
+    SELECT q.term, {idf_sql("s.n", "df.df")} * q.times AS weight
     FROM unnest($2::text[], $6::int[]) AS q(term, times) JOIN df ON df.term = q.term CROSS JOIN s
     WHERE df.df > 0
 ), postings AS (
@@ -195,9 +195,8 @@ WITH s AS (
     ) AS p
 ), scored AS (
     SELECT p.chunk_id,
-           sum(p.weight * p.tf * {K1 + 1.0!r}::float8 / (p.tf + {K1!r}::float8 * CASE WHEN s.total > 0
-               THEN 1.0::float8 - {B!r}::float8 + {B!r}::float8 * p.doc_length / (s.total::float8 / s.n)
-               ELSE 1.0::float8 END)) AS score,
+           sum({term_score_sql("p.weight", "p.tf", "p.doc_length", "(s.total::float8 / s.n)",
+                               avgdl_positive="s.total > 0")}) AS score,
            count(*) AS held
     FROM postings p CROSS JOIN s
     GROUP BY p.chunk_id
@@ -257,8 +256,7 @@ WITH vector_leg AS (
     WHERE c.searchable AND c.scope_path = ANY($4::text[]) AND ($5 = '' OR c.domain = $5)
     UNION ALL
     SELECT t.chunk_id, false, NULL, NULL,
-           q.weight * t.tf * {K1 + 1.0!r}::float8 / (t.tf + {K1!r}::float8 * CASE WHEN $10::float8 > 0
-               THEN 1.0::float8 - {B!r}::float8 + {B!r}::float8 * t.doc_length / $10::float8 ELSE 1.0::float8 END)
+           {term_score_sql("q.weight", "t.tf", "t.doc_length", "$10::float8")}
     FROM chunk_terms t JOIN unnest($8::text[], $9::float8[]) AS q(term, weight) ON q.term = t.term
     WHERE t.org_id = $1 AND t.term = ANY($8::text[]) AND t.chunk_id = ANY(ARRAY(SELECT chunk_id FROM ids))
 ), candidates AS (

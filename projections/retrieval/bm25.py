@@ -44,6 +44,14 @@ with ``k1 = 1.2``, ``b = 0.75``. This idf is always positive, so there is no eps
 replaced by this one). The numerator keeps the classic ``(k1 + 1)`` factor (Lucene >= 8 drops
 it; it only rescales). When ``avgdl`` is 0 (every visible document is empty) the length
 normalisation is taken as 1.
+
+In SQL
+------
+Search scores BM25 in PostgreSQL (projections/search.py: the lexical leg and the fused
+statement). The idf and one posting's term are rendered beside their Python (:func:`idf_sql`,
+:func:`term_score_sql`), so k1 and b are written once; tests/integration/test_fusion_sql.py
+evaluates the renderings in PostgreSQL over a grid of tf, df, N, document and average lengths
+against :func:`idf` and :func:`bm25_scorer`.
 """
 
 from __future__ import annotations
@@ -68,11 +76,13 @@ __all__ = [
     "bm25_scorer",
     "bm25_scores",
     "idf",
+    "idf_sql",
     "matches_minimum",
     "minimum_should_match",
     "query_idf_mass",
     "stats_terms",
     "term_frequencies",
+    "term_score_sql",
 ]
 
 K1 = recipe.BM25_K1
@@ -176,6 +186,11 @@ def idf(n_docs: int, df: int) -> float:
     return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
 
 
+def idf_sql(n_docs: str, df: str) -> str:
+    """:func:`idf` of the SQL expressions ``n_docs`` and ``df``, in float8."""
+    return f"ln(1.0::float8 + ({n_docs} - {df} + 0.5::float8) / ({df} + 0.5::float8))"
+
+
 def stats_terms(query_terms: Iterable[str]) -> tuple[str, ...]:
     """The distinct terms whose df the SQL side must fetch for this query (sorted)."""
     return tuple(sorted(set(query_terms)))
@@ -223,6 +238,19 @@ def bm25_scorer(query_terms: Sequence[str], stats: CorpusStats, *, k1: float = K
         return total
 
     return score
+
+
+def term_score_sql(weight: str, tf: str, length: str, avgdl: str, *, avgdl_positive: str | None = None,
+                   k1: float = K1, b: float = B) -> str:
+    """One posting's term of :func:`bm25_scorer` in SQL, ``weight * tf * (k1 + 1) / (tf + k1 *
+    norm)``, of the SQL expressions ``weight`` (the term's idf times its count in the query),
+    ``tf``, ``length`` (the document's) and ``avgdl``. The length normalisation is 1 unless
+    ``avgdl_positive`` (by default ``avgdl > 0``) holds: a caller deriving ``avgdl`` as a
+    quotient tests its numerator, so a corpus of no documents divides nothing."""
+    positive = avgdl_positive if avgdl_positive is not None else f"{avgdl} > 0"
+    return (f"{weight} * {tf} * {k1 + 1.0!r}::float8 / ({tf} + {k1!r}::float8 * CASE WHEN {positive}\n"
+            f"               THEN 1.0::float8 - {b!r}::float8 + {b!r}::float8 * {length} / {avgdl}\n"
+            f"               ELSE 1.0::float8 END)")
 
 
 def bm25_scores(query_terms: Sequence[str], docs_terms: Sequence[DocLike], stats: CorpusStats,
