@@ -45,7 +45,7 @@ from projections.guardrail_queries import (
     current_layers,
 )
 from context_engine.scope import Scope
-from streams.acknowledgement import ARCHIVED_CHANNEL
+from streams.acknowledgement import ARCHIVED_CHANNEL, parse_payload
 from streams.record_auth import RecordSigner
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -160,8 +160,7 @@ async def append_layer(event: Event, *, pool: asyncpg.Pool, bootstrap: str, topi
         heard: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         def on_notify(_conn, _pid, _channel, payload: str) -> None:
-            for item in payload.split(","):
-                event_id, _, outcome = item.partition(":")
+            for event_id, outcome in parse_payload(payload):
                 if event_id == event.event_id and not heard.done():
                     heard.set_result(outcome)
 

@@ -58,7 +58,7 @@ from projections.prompt_validation import validate_prompt
 from projections.records import LogRecord
 from projections.session_projector import apply_batch
 from context_engine.scope import Scope
-from streams.acknowledgement import ARCHIVED_CHANNEL, archived_payloads
+from streams.acknowledgement import announcement
 from streams.record_auth import Keyring, RecordSigner, RecordVerifier
 from streams.replay import compare_log, read_log
 from streams.topics import ensure_topics
@@ -439,14 +439,11 @@ async def projecting(bootstrap: str, topic: str, db_url: str) -> AsyncIterator[N
     await consumer.start()
     conn = await asyncpg.connect(db_url)
 
-    def announce(applied) -> tuple[str, list[str]]:
-        return ARCHIVED_CHANNEL, archived_payloads([(a.event_id, a.outcome) for a in applied if a.event_id])
-
     async def run() -> None:
         while True:
             for records in (await consumer.getmany(timeout_ms=100)).values():
                 await apply_batch(conn, [LogRecord(r.topic, r.partition, r.offset, r.value) for r in records],
-                                  notify=announce)
+                                  notify=announcement)
 
     task = asyncio.create_task(run())
     try:
