@@ -154,16 +154,20 @@ def _age_seconds(created_at: datetime, now: datetime) -> float:
     return max(0.0, (now - created_at).total_seconds())
 
 
+#: Half-lives past which recency counts as 0, in Python and in SQL alike. 0.5 ** 1022 is the
+#: smallest normal double: further on, PostgreSQL's power() raises "value out of range:
+#: underflow" (past 1074) and so does its multiplication by a weight when the product rounds to 0
+#: (1072–1074), where Python computes a subnormal; so both answer 0, and stay equal.
+NEGLIGIBLE_HALF_LIVES = 1022.0
+
+
 def recency_weight(created_at: datetime | None, now: datetime, half_life_seconds: float) -> float:
-    """``0.5 ** (age / half_life)`` in (0, 1]; unknown timestamp -> 0."""
+    """``0.5 ** (age / half_life)`` in (0, 1]; unknown timestamp, or older than
+    NEGLIGIBLE_HALF_LIVES half-lives -> 0."""
     if created_at is None:
         return 0.0
-    return 0.5 ** (_age_seconds(created_at, now) / half_life_seconds)
-
-
-#: Half-lives past which 0.5 ** x is below the smallest double: Python gives 0, PostgreSQL's
-#: power() raises "value out of range: underflow", so the SQL answers 0 itself.
-_UNDERFLOW_HALF_LIVES = 1074.0
+    half_lives = _age_seconds(created_at, now) / half_life_seconds
+    return 0.0 if half_lives > NEGLIGIBLE_HALF_LIVES else 0.5 ** half_lives
 
 
 def recency_sql(created_at: str, now: str, half_life_seconds: float) -> str:
@@ -171,7 +175,7 @@ def recency_sql(created_at: str, now: str, half_life_seconds: float) -> str:
     half_lives = (f"greatest(0.0::float8, extract(epoch FROM {now} - {created_at})::float8)\n"
                   f"                                        / {float(half_life_seconds)!r}::float8")
     return (f"CASE WHEN {created_at} IS NULL THEN 0.0::float8\n"
-            f"                WHEN {half_lives} > {_UNDERFLOW_HALF_LIVES!r}::float8 THEN 0.0::float8\n"
+            f"                WHEN {half_lives} > {NEGLIGIBLE_HALF_LIVES!r}::float8 THEN 0.0::float8\n"
             f"                ELSE power(0.5::float8, {half_lives}) END")
 
 

@@ -27,6 +27,9 @@ COSINES = [None, math.nan, -1.0, -0.3, 0.0, 1e-9, 0.5, 0.999999, 1.0, 1.5]
 BM25S = [None, math.nan, -1.0, 0.0, 1e-12, 0.7, 2.5, 3.0, 50.0]
 MASSES = [-1.0, 0.0, 1e-6, 2.5, 10.0]
 AGES = [None, -3600.0, 0.0, 1.0, 86_400.0, 14 * 86_400.0, 60 * 86_400.0, 3650 * 86_400.0]
+# Around the smallest doubles, for both recipes' half-lives (below): 0.5 ** x is subnormal past
+# 1022 half-lives, PostgreSQL's power() underflows past 1074, and a weight times it from 1072.
+EDGE_HALF_LIVES = [1021.9, 1022.1, 1072.0, 1073.5, 1074.0, 1074.5, 1100.0]
 
 
 def _statement(recipe: WeightedFusion) -> str:
@@ -43,8 +46,9 @@ ORDER BY i
 """
 
 
-GRID = list(itertools.product(COSINES, BM25S, MASSES, AGES))
 OTHER = dataclasses.replace(HYBRID, w_vector=0.2, w_bm25=0.3, w_recency=0.5, recency_half_life_seconds=3600.0)
+AGES += [k * recipe.recency_half_life_seconds for recipe in (HYBRID, OTHER) for k in EDGE_HALF_LIVES]
+GRID = list(itertools.product(COSINES, BM25S, MASSES, AGES))
 
 
 @pytest.mark.parametrize("recipe", [HYBRID, OTHER], ids=["hybrid", "other-weights-and-half-life"])
