@@ -23,7 +23,7 @@ from commands.deps import Deps
 from commands.session_access import require_readable
 from context_engine.concurrency import alongside
 from context_engine.errors import DomainError, InvalidArgument
-from context_engine.events import COMPACTION_THRESHOLD, Event, session_aggregate
+from context_engine.events import CompactionThreshold, Event, SessionRef
 from context_engine.hashing import merkle_root, sha256_hex
 from inference import tokens
 from context_engine.metrics import timed
@@ -116,7 +116,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     scope, org = principal.scope, principal.scope.org_id
     visible = Visibility.of(scope)
     with timed("assemble", "freshness_wait"):
-        await deps.freshness.wait(f"{org}/{cmd.session_id}")
+        await deps.freshness.wait(SessionRef(org, cmd.session_id))
     floor = deps.settings.tenant_min_score(org)
     # Retrieval runs on its own connection while the session's rows are read.
     async with alongside(_retrieve(deps, scope, visible, cmd.task_description, floor,
@@ -270,11 +270,10 @@ async def _compaction_trigger(deps: Deps, principal: Principal, cmd: AssembleCon
     crossed = session_tokens > deps.settings.compaction_threshold * cmd.token_budget
     if crossed == open_request:
         return
-    org = principal.scope.org_id
-    event = Event(COMPACTION_THRESHOLD, principal.scope, session_aggregate(org, cmd.session_id), principal.subject, {
-        "session_id": cmd.session_id, "crossed": crossed, "token_count": int(session_tokens),
-        "token_budget": cmd.token_budget})
+    session = SessionRef(principal.scope.org_id, cmd.session_id)
+    event = Event.of(CompactionThreshold(cmd.session_id, crossed, int(session_tokens), cmd.token_budget),
+                     scope=principal.scope, aggregate=session.aggregate, actor=principal.subject)
     try:
-        await deps.append(event, f"{org}/{cmd.session_id}")
+        await deps.append(event, session)
     except Exception:  # the next call observes the crossing again
-        log.warning("compaction threshold not recorded", org_id=org, session_id=cmd.session_id)
+        log.warning("compaction threshold not recorded", org_id=session.org_id, session_id=cmd.session_id)

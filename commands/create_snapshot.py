@@ -53,7 +53,7 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
     # events.SnapshotCreated is the event; SnapshotCreated, this command's answer.
     event = Event.of(events.SnapshotCreated(command.session_id, snapshot_id, command.snapshot_name),
                      scope=principal.scope, actor=principal.subject, aggregate=session.aggregate)
-    await deps.append(event, session.key)
+    await deps.append(event, session)
     async with org_transaction(deps.pool, org) as conn:
         snapshot = await queries.snapshot_by_id(conn, org, snapshot_id)
     if snapshot is None:  # a concurrent create of this name by this scope won

@@ -10,7 +10,7 @@ import asyncpg
 from commands.session_access import SessionOwners
 from commands.write_budget import WriteBudget
 from context_engine.config import Settings
-from context_engine.events import Event
+from context_engine.events import Event, SessionRef
 from inference.embedder import Embedder
 from inference.query_vectors import QueryVectors
 from streams.acknowledgement import ArchiveWatch, append_and_wait
@@ -30,8 +30,8 @@ class Deps:
     query_vectors: QueryVectors
     write_budget: WriteBudget = field(default_factory=lambda: WriteBudget(0, 1))  # none unless given
 
-    async def append(self, event: Event, session_key: str, *, idempotency_key: str = "") -> str | None:
+    async def append(self, event: Event, session: SessionRef, *, idempotency_key: str = "") -> str | None:
         """Append and return once the event is archived and projected (streams/acknowledgement.py):
         the projector's outcome, or None when it must be read back; EventRejected when it was set aside."""
-        return await append_and_wait(self.log, self.watch, self.freshness, event, session_key,
+        return await append_and_wait(self.log, self.watch, self.freshness, event, session,
                                      timeout=self.settings.ack_timeout_seconds, idempotency_key=idempotency_key)

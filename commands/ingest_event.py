@@ -29,7 +29,7 @@ from context_engine.hashing import sha256_hex
 from inference.tokens import count_tokens
 from projections import queries
 from projections.database import org_transaction
-from projections.session_projector import APPLIED, OUT_OF_SCOPE
+from projections.projector.outcome import Outcome
 
 EVENT_TYPES = ("message", "tool_output", "workflow_event")
 IDEMPOTENCY_HEADER = "idempotency-key"
@@ -108,16 +108,16 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
                      **({"event_id": retried_id} if retried_id else {}))
 
     if command.idempotency_key:  # a retry: answer with the first result, if it has landed
-        await deps.freshness.wait(session.key)
+        await deps.freshness.wait(session)
         if (first := await _first(deps, org, command, event, body)) is not None:
             return first
     await deps.owners.require_writable(principal.scope, command.session_id)
 
-    outcome = await deps.append(event, session.key, idempotency_key=command.idempotency_key
+    outcome = await deps.append(event, session, idempotency_key=command.idempotency_key
                                 or event_key(event.event_id))
-    if outcome == OUT_OF_SCOPE:  # another scope created the session first
+    if outcome == Outcome.OUT_OF_SCOPE:  # another scope created the session first
         raise session_claimed_elsewhere(command.session_id)
-    if outcome != APPLIED or retried_id:
+    if outcome != Outcome.APPLIED or retried_id:
         # A concurrent call won the key or the id (IDEMPOTENCY_KEY_TAKEN, DUPLICATE; an APPLIED
         # heard for a retried id may be the first record's), or the outcome must be read back.
         if (first := await _first(deps, org, command, event, body)) is not None:

@@ -15,6 +15,7 @@ from commands.deps import Deps
 from context_engine import validation
 from context_engine.auth import Principal
 from context_engine.errors import InvalidArgument
+from context_engine.events import SessionRef
 from context_engine.visibility import Visibility
 from projections.database import org_transaction
 from projections.pull_context import Pulled, await_scan, read_memory
@@ -43,7 +44,7 @@ async def pull_context(deps: Deps, principal: Principal, query: PullContext) -> 
     org = principal.scope.org_id
     agent_id = query.agent_id or principal.scope.agent_id
     if query.session_id:
-        await deps.freshness.wait(f"{org}/{query.session_id}")
+        await deps.freshness.wait(SessionRef(org, query.session_id))
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         pulled = await read_memory(conn, org, agent_id, query.session_id, query.snapshot_name,
                                    Visibility.of(principal.scope))

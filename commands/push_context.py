@@ -24,7 +24,7 @@ from context_engine.events import Event, MemoryPushed, SessionRef
 from context_engine.hashing import sha256_hex
 from projections import queries
 from projections.database import org_transaction
-from projections.session_projector import APPLIED, OUT_OF_SCOPE
+from projections.projector.outcome import Outcome
 from context_engine.scope import Scope
 
 MEMORY_TYPES = ("episodic", "semantic", "working")
@@ -72,16 +72,16 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
                      **({"event_id": retried_id} if retried_id else {}))
 
     if retried_id:  # a retry, or a first call with a key: answer with the first result, if it has landed
-        await deps.freshness.wait(session.key)
+        await deps.freshness.wait(session)
         if (first := await _first(deps, org, command, event)) is not None:
             return first
     await deps.owners.require_writable(principal.scope, command.session_id)
 
-    outcome = await deps.append(event, session.key,
+    outcome = await deps.append(event, session,
                                 idempotency_key=command.idempotency_key or event_key(event.event_id))
-    if outcome == OUT_OF_SCOPE:
+    if outcome == Outcome.OUT_OF_SCOPE:
         raise session_claimed_elsewhere(command.session_id)
-    if outcome != APPLIED or retried_id:  # DUPLICATE, or heard the first record's APPLIED, or read back
+    if outcome != Outcome.APPLIED or retried_id:  # DUPLICATE, or heard the first record's APPLIED, or read back
         if (first := await _first(deps, org, command, event)) is not None:
             return first
         if retried_id:  # archived, but not in this org: the id is another's

@@ -15,7 +15,7 @@ from commands.session_access import require_rewritable, session_claimed_elsewher
 from context_engine.errors import NotFound
 from context_engine.events import Event, SessionRef, SessionRolledBack
 from projections import queries
-from projections.session_projector import OUT_OF_SCOPE, UNKNOWN_TARGET
+from projections.projector.outcome import Outcome
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,10 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     session = SessionRef(org, command.session_id)
     event = Event.of(SessionRolledBack(command.session_id, command.target_version_hash),
                      scope=principal.scope, actor=principal.subject, aggregate=session.aggregate)
-    outcome = await deps.append(event, session.key)
-    if outcome == OUT_OF_SCOPE:  # the projector applies the same rule
+    outcome = await deps.append(event, session)
+    if outcome == Outcome.OUT_OF_SCOPE:  # the projector applies the same rule
         raise session_claimed_elsewhere(command.session_id)
-    if outcome == UNKNOWN_TARGET:
+    if outcome == Outcome.UNKNOWN_TARGET:
         raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
                        reason="VERSION_NOT_FOUND", metadata={"field": "target_version_hash"})
     return RolledBack(command.target_version_hash, event.occurred)

@@ -55,7 +55,7 @@ async def visible_session(deps, principal, session_id: str, *, require=require_r
     it. `require=require_rewritable` for commands that rewrite it (PERMISSION_DENIED unless the
     caller is its owner scope)."""
     org = principal.scope.org_id
-    await deps.freshness.wait(SessionRef(org, session_id).key)
+    await deps.freshness.wait(SessionRef(org, session_id))
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         yield conn, require(await queries.get_session(conn, org, session_id), principal.scope, session_id)
 

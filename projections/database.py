@@ -7,8 +7,8 @@ Who connects as whom:
   transaction only (SET LOCAL semantics), so a pooled connection never carries one tenant's
   setting into another's request, and a connection that forgot it sees zero rows.
 - The projection worker and replay connect with the admin URL (`create_pool(url,
-  org_scoped=False)`): they write every read model. `session_projector.apply_batch` still sets
-  `app.org_id` per org, so the worker also works as a table owner subject to FORCE ROW LEVEL
+  org_scoped=False)`): they write every read model. `apply_batch` (projections/projector/batch.py)
+  still sets `app.org_id` per org, so the worker also works as a table owner subject to FORCE ROW LEVEL
   SECURITY (no BYPASSRLS needed).
 """
 

@@ -26,8 +26,15 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from context_engine.errors import DomainError, InvalidArgument, Unavailable
-from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, SESSION_ROLLED_BACK, SNAPSHOT_CREATED, Event
-from projections.session_projector import REJECTED, Applied
+from context_engine.events import (
+    EVENT_INGESTED,
+    MEMORY_PUSHED,
+    SESSION_ROLLED_BACK,
+    SNAPSHOT_CREATED,
+    Event,
+    SessionRef,
+)
+from projections.projector.outcome import Applied, Outcome
 from streams.freshness import SessionFreshness
 from streams.log import EventLog, LogPosition
 
@@ -52,7 +59,7 @@ def archived_payloads(outcomes: list[tuple[str, str]]) -> list[str]:
 
 def announcement(applied: list[Applied]) -> tuple[str, list[str]]:
     """The projector's `notify` callback: the channel and payloads it renders as pg_notify in the
-    batch's transaction (projections/session_projector.py `_closing`)."""
+    batch's transaction (projections/projector/batch.py `_closing`)."""
     # A record too broken to name its event (rejected undecodable) has no waiter to answer.
     return ARCHIVED_CHANNEL, archived_payloads([(a.event_id, a.outcome) for a in applied if a.event_id])
 
@@ -179,14 +186,14 @@ class ArchiveWatch:
 
 
 async def append_and_wait(log: EventLog, watch: ArchiveWatch, freshness: SessionFreshness, event: Event,
-                          session_key: str, *, timeout: float, idempotency_key: str = "") -> str | None:
+                          session: SessionRef, *, timeout: float, idempotency_key: str = "") -> str | None:
     """Append and return once the event is archived and projected: the acknowledgement point.
     Returns the projector's outcome (APPLIED, OUT_OF_SCOPE…), or None when it must be read back.
     An event the projector set aside is refused here (EventRejected), for every command.
     `idempotency_key`: the key a retry of this request sends (IngestEvent, PushContext), named
     in the UNAVAILABLE answers together with the event id."""
     advice = retry_advice(event, idempotency_key)
-    async with freshness.appending(session_key):
+    async with freshness.appending(session):
         watch.expect(event.event_id)
         try:
             position = await log.append(event)
@@ -199,6 +206,6 @@ async def append_and_wait(log: EventLog, watch: ArchiveWatch, freshness: Session
             watch.forget(event.event_id)
             raise
         outcome = await watch.wait(event.event_id, event.scope.org_id, position, timeout=timeout, retry=advice)
-    if outcome == REJECTED:
+    if outcome == Outcome.REJECTED:
         raise EventRejected(event.event_id)
     return outcome

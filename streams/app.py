@@ -55,7 +55,9 @@ from context_engine.metrics import LOG_RECORDS_REFUSED, PROJECTOR_BATCH_EVENTS, 
 from projections import deferred_indexing
 from projections.database import create_pool, transaction_state_only
 from projections.records import LogRecord
-from projections.session_projector import APPLIED, Applied, apply_batch, is_infrastructure_failure
+from projections.projector.batch import apply_batch
+from projections.projector.outcome import Applied, Outcome
+from projections.projector.rejections import is_infrastructure_failure
 from streams import readiness
 from streams.embedding_pipeline import EmbeddingPipeline
 from streams.fetch_wait import AdaptiveFetchWait
@@ -231,7 +233,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
             if not records:
                 continue
             for applied in await project_batch(db, records):
-                if applied.type == EMBEDDING_RECORDED and applied.outcome == APPLIED:
+                if applied.type == EMBEDDING_RECORDED and applied.outcome == Outcome.APPLIED:
                     assigner.put(applied.org_id, applied.event_id)
                 for kind, job in map(job_message, applied.jobs):
                     await job_topics[kind].send(**signed(topics.jobs[kind], job.key, job.value))

@@ -13,33 +13,34 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 
 from context_engine.errors import Unavailable
+from context_engine.events import SessionRef
 
 
 class SessionFreshness:
     def __init__(self, timeout: float) -> None:
         self._timeout = timeout
-        self._in_flight: dict[str, set[asyncio.Future]] = defaultdict(set)
+        self._in_flight: dict[SessionRef, set[asyncio.Future]] = defaultdict(set)
 
     @contextlib.asynccontextmanager
-    async def appending(self, session_key: str) -> AsyncIterator[None]:
+    async def appending(self, session: SessionRef) -> AsyncIterator[None]:
         done = asyncio.get_running_loop().create_future()
-        self._in_flight[session_key].add(done)
+        self._in_flight[session].add(done)
         try:
             yield
         finally:
             done.set_result(None)
-            pending = self._in_flight[session_key]
+            pending = self._in_flight[session]
             pending.discard(done)
             if not pending:
-                del self._in_flight[session_key]
+                del self._in_flight[session]
 
-    async def wait(self, session_key: str) -> None:
-        pending = list(self._in_flight.get(session_key, ()))
+    async def wait(self, session: SessionRef) -> None:
+        pending = list(self._in_flight.get(session, ()))
         if not pending:
             return
         _, still = await asyncio.wait(pending, timeout=self._timeout)
         if still:
             raise Unavailable(
-                f"session {session_key.split('/', 1)[-1]!r} has {len(still)} write(s) from this "
+                f"session {session.session_id!r} has {len(still)} write(s) from this "
                 f"server not yet projected after {self._timeout:.1f}s; retry shortly",
                 reason="PROJECTION_LAGGING")

@@ -43,7 +43,8 @@ from projections.migrate import migrate
 from projections.records import LogRecord
 from projections.chunk_projection import BulkLoad, assign_recorded_vectors, recount_statistics
 from projections.guardrail_projection import refused_on_the_log
-from projections.session_projector import SYSTEM_ORG, apply_batch, claimed_identity
+from projections.projector.batch import apply_batch
+from projections.projector.rejections import SYSTEM_ORG, claimed_identity
 from streams.record_auth import RecordVerifier
 
 BATCH = 2000

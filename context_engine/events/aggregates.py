@@ -17,7 +17,7 @@ class SessionRef:
 
     @property
     def key(self) -> str:
-        """"org/session": the input of the session's genesis version, and its freshness key."""
+        """"org/session": the input of the session's genesis version."""
         return f"{self.org_id}/{self.session_id}"
 
     @property

@@ -56,7 +56,7 @@ from projections.guardrail_queries import (
 from projections.migrate import app_url
 from projections.prompt_validation import validate_prompt
 from projections.records import LogRecord
-from projections.session_projector import apply_batch
+from projections.projector.batch import apply_batch
 from context_engine.scope import Scope
 from streams.acknowledgement import announcement
 from streams.record_auth import Keyring, RecordSigner, RecordVerifier

@@ -23,8 +23,8 @@ from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.api.app import build_api_server
 from context_engine.serving.status import error_info
-from context_engine.events import EVENT_INGESTED, Event, session_aggregate
-from projections import session_projector
+from context_engine.events import EVENT_INGESTED, Event, SessionRef, session_aggregate
+from projections.projector.outcome import Outcome
 from context_engine.scope import Scope
 from streams.acknowledgement import ArchiveWatch, EventRejected
 from tests.fixtures.engine import unique
@@ -341,7 +341,7 @@ async def test_an_event_the_projector_sets_aside_is_a_definite_answer(engine):
     org = unique("org")
     event = malformed_ingest(org)
     with pytest.raises(EventRejected) as err:
-        await engine.deps.append(event, f"{org}/s1")
+        await engine.deps.append(event, SessionRef(org, "s1"))
     assert err.value.reason == "EVENT_REJECTED"
     assert err.value.message == f"the event could not be applied: it was set aside (event {event.event_id})"
     assert err.value.metadata["event_id"] == event.event_id
@@ -356,7 +356,7 @@ async def test_the_watch_learns_the_outcome_without_a_notification(engine):
     rejected, fine = malformed_ingest(org), Event(EVENT_INGESTED, Scope(org), session_aggregate(org, "s1"), "test", {
         "session_id": "s1", "event_type": "message", "content_b64": "b2s=", "metadata": {},
         "content_sha256": hashlib.sha256(b"ok").hexdigest(), "token_count": 1, "idempotency_key": ""})
-    for event, outcome in ((rejected, session_projector.REJECTED), (fine, None)):
+    for event, outcome in ((rejected, Outcome.REJECTED), (fine, None)):
         position = await engine.deps.log.append(event)
         assert await deaf.wait(event.event_id, org, position, timeout=SETTLE_S) == outcome
     assert await applied_events(engine, org) == [fine.event_id]

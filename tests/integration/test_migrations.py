@@ -25,7 +25,7 @@ from projections.migrate import (
     migrate,
 )
 from projections.records import LogRecord
-from projections.session_projector import apply_batch
+from projections.projector.batch import apply_batch
 from context_engine.scope import Scope
 from tests.fixtures.databases import fresh_database, owned_database
 

@@ -65,7 +65,7 @@ from projections.migrate import (
     migrate,
 )
 from projections.records import LogRecord
-from projections.session_projector import apply_batch
+from projections.projector.batch import apply_batch
 from context_engine.scope import Scope
 from streams import pii_rescan
 from tests.fixtures.engine import unique

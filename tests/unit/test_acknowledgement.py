@@ -17,11 +17,11 @@ from context_engine.events import (
     SESSION_ROLLED_BACK,
     SNAPSHOT_CREATED,
     Event,
-    session_aggregate,
+    SessionRef,
 )
 from context_engine.scope import Scope
 from projections.guardrail_projection import REJECTED_UNTRUSTED_KEY
-from projections.session_projector import APPLIED, IDEMPOTENCY_KEY_TAKEN, REJECTED
+from projections.projector.outcome import Outcome
 from streams.acknowledgement import (
     ARCHIVED_CHANNEL,
     IDS_PER_NOTIFICATION,
@@ -37,15 +37,18 @@ from streams.freshness import SessionFreshness
 from streams.log import LogPosition
 
 NOTIFY_LIMIT_BYTES = 8000  # PostgreSQL's limit on one NOTIFY payload
-LONGEST_OUTCOMES = (REJECTED_UNTRUSTED_KEY, IDEMPOTENCY_KEY_TAKEN)
+LONGEST_OUTCOMES = (REJECTED_UNTRUSTED_KEY, Outcome.IDEMPOTENCY_KEY_TAKEN)
 
 
 def outcomes(n: int) -> list[tuple[str, str]]:
     return [(str(uuid.uuid4()), LONGEST_OUTCOMES[i % 2]) for i in range(n)]
 
 
+SESSION = SessionRef("org", "s1")
+
+
 def event(type_: str, payload: dict) -> Event:
-    return Event(type_, Scope("org"), session_aggregate("org", "s1"), "test", payload)
+    return Event(type_, Scope("org"), SESSION.aggregate, "test", payload)
 
 
 @pytest.mark.parametrize("n", [1, IDS_PER_NOTIFICATION - 1, IDS_PER_NOTIFICATION, IDS_PER_NOTIFICATION + 1, 1000])
@@ -70,8 +73,9 @@ def test_an_empty_batch_announces_nothing():
 
 
 def test_the_announcement_names_the_channel_and_skips_records_without_an_event_id():
-    applied = [SimpleNamespace(event_id="e1", outcome=APPLIED), SimpleNamespace(event_id="", outcome=REJECTED),
-               SimpleNamespace(event_id="e2", outcome=REJECTED)]
+    applied = [SimpleNamespace(event_id="e1", outcome=Outcome.APPLIED),
+               SimpleNamespace(event_id="", outcome=Outcome.REJECTED),
+               SimpleNamespace(event_id="e2", outcome=Outcome.REJECTED)]
     assert announcement(applied) == (ARCHIVED_CHANNEL, ["e1:APPLIED,e2:REJECTED"])
     assert ARCHIVED_CHANNEL == "event_archived"
 
@@ -142,7 +146,7 @@ class AnnouncingLog:
         self.pending_reads = None
 
     async def append(self, ev: Event) -> LogPosition:
-        reader = asyncio.ensure_future(self.freshness.wait("org/s1"))
+        reader = asyncio.ensure_future(self.freshness.wait(SESSION))
         await asyncio.sleep(0)
         self.pending_reads = not reader.done()  # a read of the session waits for this append
         reader.cancel()
@@ -154,17 +158,19 @@ class AnnouncingLog:
 
 async def test_an_acknowledged_append_answers_the_projectors_outcome_and_holds_reads_until_then():
     watch, freshness = ArchiveWatch("unused", pool=None), SessionFreshness(5)
-    log = AnnouncingLog(watch, freshness, APPLIED)
-    assert await append_and_wait(log, watch, freshness, event(EVENT_INGESTED, {}), "org/s1", timeout=5) == APPLIED
+    log = AnnouncingLog(watch, freshness, Outcome.APPLIED)
+    answer = await append_and_wait(log, watch, freshness, event(EVENT_INGESTED, {}), SESSION, timeout=5)
+    assert answer == Outcome.APPLIED
     assert log.pending_reads is True
-    await asyncio.wait_for(freshness.wait("org/s1"), 1)  # answered: nothing in flight any more
+    await asyncio.wait_for(freshness.wait(SESSION), 1)  # answered: nothing in flight any more
 
 
 async def test_an_append_the_projector_set_aside_is_event_rejected():
     watch, freshness = ArchiveWatch("unused", pool=None), SessionFreshness(5)
     ev = event(EVENT_INGESTED, {})
     with pytest.raises(EventRejected) as err:
-        await append_and_wait(AnnouncingLog(watch, freshness, REJECTED), watch, freshness, ev, "org/s1", timeout=5)
+        await append_and_wait(AnnouncingLog(watch, freshness, Outcome.REJECTED), watch, freshness, ev, SESSION,
+                              timeout=5)
     assert err.value.reason == "EVENT_REJECTED"
     assert err.value.metadata == {"event_id": ev.event_id}
 
@@ -177,7 +183,7 @@ async def test_a_failed_produce_says_the_event_may_still_be_applied_and_forgets_
     watch, freshness = ArchiveWatch("unused", pool=None), SessionFreshness(5)
     ev = event(EVENT_INGESTED, {})
     with pytest.raises(Unavailable) as err:
-        await append_and_wait(FailingLog(), watch, freshness, ev, "org/s1", timeout=5, idempotency_key="k1")
+        await append_and_wait(FailingLog(), watch, freshness, ev, SESSION, timeout=5, idempotency_key="k1")
     assert err.value.reason == "LOG_UNAVAILABLE"
     assert err.value.message == (f"the event log is unavailable: boom; event {ev.event_id} may have been appended "
                                  "and may still be applied: retry with idempotency-key k1: a retry returns this "

@@ -41,7 +41,7 @@ from context_engine.guardrails.trust import (
     trusted_fingerprints,
 )
 from projections.guardrail_projection import REJECTED_UNTRUSTED_KEY, refuse_layers
-from projections.session_projector import is_infrastructure_failure
+from projections.projector.rejections import is_infrastructure_failure
 
 
 @pytest.fixture(autouse=True)
