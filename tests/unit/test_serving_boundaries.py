@@ -1,37 +1,25 @@
 """The detector sidecar and the API share one serving package (context_engine/serving/); the
 detector depends on nothing of the API's, neither directly nor through what it imports."""
 
-import ast
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.fixtures.imports import ROOT, imported_modules, is_within
+
 API = "context_engine.api"
 
 
-def _imported_modules(path: pathlib.Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
-
-
 def _is_api(name: str) -> bool:
-    return name == API or name.startswith(API + ".")
+    return is_within(name, API)
 
 
 @pytest.mark.parametrize("folder", ["inference/detector", "context_engine/serving"])
 def test_no_module_of_the_detector_or_of_serving_imports_the_api(folder):
     files = sorted((ROOT / folder).glob("*.py"))
     assert files
-    offending = {str(f.relative_to(ROOT)): sorted(filter(_is_api, _imported_modules(f))) for f in files}
+    offending = {str(f.relative_to(ROOT)): sorted(filter(_is_api, imported_modules(f))) for f in files}
     assert {f: names for f, names in offending.items() if names} == {}
 
 
