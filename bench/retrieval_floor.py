@@ -37,6 +37,10 @@ from pgvector.asyncpg import register_vector
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from context_engine.embedded.process import disable_grpc_fork_handlers  # noqa: E402
+
+disable_grpc_fork_handlers()  # an entry point: before anything below loads gRPC and forks PostgreSQL
+
 from bench.locomo import load_locomo  # noqa: E402
 from bench.report import machine  # noqa: E402
 from commands.assemble_context import retrieval_depth  # noqa: E402

@@ -96,7 +96,7 @@ EMBEDDER_MATMUL = Info(
 EMBEDDER_INT8_CHECK_MIN_COSINE = Gauge(
     "context_engine_embedder_int8_check_min_cosine",
     "The int8 self-check at the embedder's start: lowest cosine between the int8 and float32 products' vectors "
-    "over its texts (int8 is kept at >= INT8_MIN_COSINE, inference/embedder.py); NaN when no check ran.")
+    "over its texts (int8 is kept at >= INT8_MIN_COSINE, inference/int8_check.py); NaN when no check ran.")
 
 
 def record_embedder_matmul(*, requested: str, in_use: str, model_version: str, min_cosine: float | None) -> None:

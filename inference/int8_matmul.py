@@ -12,7 +12,7 @@ Xeon (docs/benchmarks.md): one query 4.1 → 2.0 ms on one thread, vectors at co
 to the float32 ones, LoCoMo dense recall unchanged.
 
 Because x's quantization range covers the whole tensor, a text's vector would depend on the texts
-batched with it; callers run one text per session run (inference/embedder.py).
+batched with it; callers run one text per session run (inference/minilm_embedder.py).
 
 The product is not the same arithmetic on every CPU. With VNNI (``vpdpbusd``) each sum of u8 x s8
 products is int32. On AVX2 without VNNI (and AVX-512 without VNNI) onnxruntime multiplies with

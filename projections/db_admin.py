@@ -128,7 +128,8 @@ async def create_extensions(url: str, extensions: tuple[str, ...]) -> None:
 async def ensure_role(conn: asyncpg.Connection, role: str, *, login: bool) -> None:
     """Create `role` if missing, NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE INHERIT; an
     existing role is left as it is. Roles are cluster-wide: a client creating it at the same
-    time from another database is tolerated."""
+    time from another database is tolerated. Call it outside a transaction: that race's error
+    would abort an enclosing one."""
     if await conn.fetchval("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = $1)", role):
         return
     try:
