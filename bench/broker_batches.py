@@ -19,8 +19,8 @@ import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
 from report import load_average, machine
+
 from context_engine.embedded.broker import EmbeddedBroker
 
 TOPIC = "batches"

@@ -180,12 +180,11 @@ def run_grpc(args, sizes: list[int]) -> tuple[dict[str, object], list[Result]]:
 
     disable_grpc_fork_handlers()  # before gRPC initialises: this process starts a stack
     import grpc
-    from upsquad.context.v1 import context_pb2_grpc
-
-    from context_engine.auth import ensure_dev_key, mint_token
-
     from report import load_average, machine
     from stack import Stack
+
+    from context_engine.auth import ensure_dev_key, mint_token
+    from upsquad.context.v1 import context_pb2_grpc
 
     stack = home = None
     if args.address:

@@ -17,12 +17,11 @@ from context_engine.embedded.process import disable_grpc_fork_handlers
 
 disable_grpc_fork_handlers()  # the bench scripts are entry points: before gRPC initialises
 import grpc  # noqa: E402
-from tqdm import tqdm
-from upsquad.context.v1 import context_pb2_grpc
-
 from server_metrics import stage_table
 from stack import Stack
+from tqdm import tqdm
 
+from upsquad.context.v1 import context_pb2_grpc
 
 # What the engine answers when a retry with the same idempotency key is the right reaction.
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -36,17 +36,16 @@ disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC 
 import asyncpg
 import grpc  # noqa: E402
 import numpy as np
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.context.v1 import context_pb2_grpc
-
-from context_engine.serving.status import error_info
-
 from grpc_load import drive_closed_loop, drive_open_loop
+from ingest import worker_lines
 from options import add_setting_option, stack_settings
 from report import load_average, machine, percentile
 from server_metrics import ServerMetrics
 from stack import Stack, _cpu_seconds, free_port, stack_pids, wait_quiet
-from ingest import worker_lines
+
+from context_engine.serving.status import error_info
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
 
 CONTENT_BYTES = 1024 * 1024
 WORDS = ("the harbour keeper lit a lamp while seven boats waited for tide and the village slept "

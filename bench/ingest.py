@@ -26,18 +26,17 @@ from context_engine.embedded.process import disable_grpc_fork_handlers
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg
 import grpc  # noqa: E402
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.context.v1 import context_pb2_grpc
+from options import add_setting_option, stack_settings
+from report import machine, percentile
+from server_metrics import Histogram, ServerMetrics
+from stack import Stack, free_port
 
 from context_engine.auth import ensure_dev_key, mint_token
 from projections import db_admin
 from streams.record_auth import Keyring, RecordVerifier
 from streams.replay import read_archive, read_log, replay
-
-from options import add_setting_option, stack_settings
-from report import machine, percentile
-from server_metrics import Histogram, ServerMetrics
-from stack import Stack, free_port
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
 
 
 async def drive(port: int, token: str, org: str, clients: int, seconds: float, payload: bytes) -> list[float]:

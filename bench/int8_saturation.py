@@ -34,8 +34,8 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from inference.int8_check import INT8_CHECK_TEXTS, INT8_MIN_COSINE  # noqa: E402
-from inference.minilm_embedder import MiniLMEmbedder  # noqa: E402
 from inference.int8_matmul import int8_matmul_model  # noqa: E402
+from inference.minilm_embedder import MiniLMEmbedder  # noqa: E402
 
 
 def emulated(model: bytes, *, saturate: bool) -> bytes:

@@ -52,19 +52,18 @@ from context_engine.embedded.process import disable_grpc_fork_handlers
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg
 import grpc  # noqa: E402
-from tqdm import tqdm
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.context.v1 import context_pb2_grpc
-
-from inference.tokens import count_tokens
-from projections.retrieval.chunking import CHUNK_NAMESPACE
-
 from grpc_load import call_with_retry
 from locomo import Conversation, load_locomo
+from locomo_search import CATEGORIES, REFERENCE, Item, items_of, org_of
 from options import add_locomo_options
 from report import load_average, machine, percentile
 from stack import Stack, wait_for_vectors
-from locomo_search import CATEGORIES, REFERENCE, Item, items_of, org_of
+from tqdm import tqdm
+
+from inference.tokens import count_tokens
+from projections.retrieval.chunking import CHUNK_NAMESPACE
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
 
 MODEL = "gpt-4"
 SEPARATOR = "\n\n"

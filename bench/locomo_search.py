@@ -46,20 +46,19 @@ from context_engine.embedded.process import disable_grpc_fork_handlers
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import grpc  # noqa: E402
 import numpy as np
+from grpc_load import RETRIES, call_with_retry
+from locomo import Conversation, Question, load_locomo
+from options import add_locomo_options
 from rank_bm25 import BM25Okapi
+from report import load_average, machine, percentile
+from stack import Stack, wait_for_vectors
 from tqdm import tqdm
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.context.v1 import context_pb2_grpc
 
 from inference.minilm_embedder import MiniLMEmbedder
 from inference.tokens import count_tokens
 from projections.retrieval.bm25 import STOP_WORDS, analyze
-
-from grpc_load import RETRIES, call_with_retry
-from locomo import Conversation, Question, load_locomo
-from options import add_locomo_options
-from report import load_average, machine, percentile
-from stack import Stack, wait_for_vectors
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
 
 CATEGORIES = (1, 2, 3, 4)
 KS = (5, 10, 25)

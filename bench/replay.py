@@ -22,15 +22,14 @@ import time
 from collections.abc import AsyncIterator
 
 from asyncpg.connection import Connection
+from report import load_average, machine
+from stack import Stack, wait_quiet
 
+from context_engine.config import Settings
 from projections import db_admin
 from projections.records import LogRecord
 from streams.replay import read_archive, replay
 from streams.topics import LogTopics
-from context_engine.config import Settings
-
-from report import load_average, machine
-from stack import Stack, wait_quiet
 
 STATEMENTS: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
 

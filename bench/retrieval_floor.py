@@ -45,15 +45,14 @@ from bench.locomo import load_locomo  # noqa: E402
 from bench.report import machine  # noqa: E402
 from commands.assemble_context import retrieval_depth  # noqa: E402
 from context_engine.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb  # noqa: E402
-from inference.embedder import build_embedder  # noqa: E402
-from projections.migrate import API_GROUP_ROLE  # noqa: E402
-from projections.database import set_config_sql, sql_literal  # noqa: E402
-from projections.retrieval.bm25 import analyze  # noqa: E402
-from projections.retrieval.confidence_gate import Pool  # noqa: E402
-from projections.search import (  # noqa: E402
-    FIRST_EF_SEARCH, GENERIC_PLANS, MIN_POOL, _pass_settings, _Retriever)
 from context_engine.scope import Scope  # noqa: E402
 from context_engine.supervisor import DATABASE_NAME  # noqa: E402
+from inference.embedder import build_embedder  # noqa: E402
+from projections.database import set_config_sql, sql_literal  # noqa: E402
+from projections.migrate import API_GROUP_ROLE  # noqa: E402
+from projections.retrieval.bm25 import analyze  # noqa: E402
+from projections.retrieval.confidence_gate import Pool  # noqa: E402
+from projections.search import FIRST_EF_SEARCH, GENERIC_PLANS, MIN_POOL, _pass_settings, _Retriever  # noqa: E402
 
 ORG = "bench-search"
 CALLER = Scope(ORG, "bench", "assembly", "agent-1")  # bench/assemble.py's caller

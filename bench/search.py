@@ -51,18 +51,17 @@ from context_engine.embedded.process import disable_grpc_fork_handlers
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg
 import grpc  # noqa: E402
-from tqdm import tqdm
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.context.v1 import context_pb2_grpc
-
-from inference.tokens import count_tokens
-
 from grpc_load import RETRIES, call_with_retry, drive_closed_loop, drive_open_loop, measured, one_at_a_time, spread_stub
 from locomo import LOCOMO_DIR, load_locomo
 from options import add_load_options, stack_settings
 from report import load_average, machine, percentile
 from server_metrics import print_stage_tables
 from stack import Stack, wait_for_vectors, wait_quiet
+from tqdm import tqdm
+
+from inference.tokens import count_tokens
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
 
 ORG = "bench-search"
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from report import percentile
 
-
 PER_PROCESS_CALLS = "bench_calls_per_api_process"
 
 

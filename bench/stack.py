@@ -23,10 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from server_metrics import ServerMetrics
 from tqdm import tqdm
 
 from context_engine.auth import ensure_dev_key, mint_token
-from server_metrics import ServerMetrics
 
 
 def free_port() -> int:

@@ -17,19 +17,20 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from context_engine import validation
-from context_engine.auth import Principal
 from commands.deps import Deps
 from commands.session_access import require_readable
+from context_engine import validation
+from context_engine.auth import Principal
 from context_engine.concurrency import alongside
 from context_engine.errors import DomainError, InvalidArgument
 from context_engine.events import CompactionThreshold, Event, SessionRef
+from context_engine.guardrails.trust import trusted_fingerprints
 from context_engine.hashing import merkle_root, sha256_hex
-from inference import tokens
 from context_engine.metrics import timed
+from context_engine.visibility import Visibility
+from inference import tokens
 from projections import corpus_totals, session_reads
 from projections.database import org_transaction
-from context_engine.guardrails.trust import trusted_fingerprints
 from projections.prompt_packing import Block, Packed, pack
 from projections.pull_context import await_scan
 from projections.retrieval.outcome import MAX_TOP_K, Outcome
@@ -38,7 +39,6 @@ from projections.search import MAX_QUERY_BYTES, SearchOutcome, SearchQuery, sear
 from projections.session_reads import MUST_INCLUDE_HINT, PINNED_HINT, SessionReads
 from streams.jobs import baseline_metric
 from streams.topics import LogTopics
-from context_engine.visibility import Visibility
 
 log = structlog.get_logger("context_engine.assembly")
 

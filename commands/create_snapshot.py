@@ -6,16 +6,14 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
-from context_engine import clearance
-from context_engine.auth import Principal
-from context_engine import validation
 from commands.deps import Deps
 from commands.session_access import visible_session
+from context_engine import clearance, events, validation
+from context_engine.auth import Principal
 from context_engine.errors import AlreadyExists
-from context_engine import events
 from context_engine.events import Event, SessionRef
-from projections import queries
 from context_engine.visibility import Visibility
+from projections import queries
 from projections.database import org_transaction
 
 

@@ -23,11 +23,11 @@ import numpy as np
 from commands.deps import Deps
 from context_engine.errors import InvalidArgument
 from context_engine.hashing import sha256_hex
+from context_engine.scope import Scope
+from context_engine.visibility import Visibility
 from inference.embedder import Embedder
 from projections import embedding_cache
 from projections.database import org_transaction
-from context_engine.scope import Scope
-from context_engine.visibility import Visibility
 
 MAX_TEXTS = 100
 

@@ -18,11 +18,11 @@ import asyncio
 import base64
 from dataclasses import dataclass
 
-from context_engine.auth import Principal
-from context_engine import validation
 from commands.deps import Deps
-from commands.write_budget import write_bytes
 from commands.session_access import session_claimed_elsewhere
+from commands.write_budget import write_bytes
+from context_engine import validation
+from context_engine.auth import Principal
 from context_engine.errors import FailedPrecondition, InvalidArgument
 from context_engine.events import Event, EventIngested, SessionRef
 from context_engine.hashing import sha256_hex

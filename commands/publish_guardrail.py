@@ -37,6 +37,7 @@ from context_engine.guardrails.signing import (
     owner_level,
     sign_layer,
 )
+from context_engine.scope import Scope
 from projections.database import org_transaction
 from projections.guardrail_projection import APPLIED, REJECTED_UNTRUSTED_KEY, projected_layer
 from projections.guardrail_queries import (
@@ -44,7 +45,6 @@ from projections.guardrail_queries import (
     current_layer,
     current_layers,
 )
-from context_engine.scope import Scope
 from streams.acknowledgement import ARCHIVED_CHANNEL, parse_payload
 from streams.record_auth import RecordSigner
 

@@ -14,18 +14,18 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
-from context_engine.auth import Principal
-from context_engine import validation
 from commands.deps import Deps
-from commands.write_budget import write_bytes
 from commands.ingest_event import event_key, first_with_id, idempotency_key, key_reused
 from commands.session_access import session_claimed_elsewhere
+from commands.write_budget import write_bytes
+from context_engine import validation
+from context_engine.auth import Principal
 from context_engine.events import Event, MemoryPushed, SessionRef
 from context_engine.hashing import sha256_hex
+from context_engine.scope import Scope
 from projections import queries
 from projections.database import org_transaction
 from projections.projector.outcome import Outcome
-from context_engine.scope import Scope
 
 MEMORY_TYPES = ("episodic", "semantic", "working")
 # The event ids of pushes with a caller's key: uuid5 in this namespace of the writer's scope path,

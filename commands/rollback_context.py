@@ -7,11 +7,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from context_engine import clearance
-from context_engine.auth import Principal
-from context_engine import validation
 from commands.deps import Deps
 from commands.session_access import require_rewritable, session_claimed_elsewhere, visible_session
+from context_engine import clearance, validation
+from context_engine.auth import Principal
 from context_engine.errors import NotFound
 from context_engine.events import Event, SessionRef, SessionRolledBack
 from projections import queries

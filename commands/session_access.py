@@ -11,10 +11,10 @@ import asyncpg
 
 from context_engine.errors import NotFound, PermissionDenied
 from context_engine.events import SessionRef
-from projections import queries
-from projections.database import org_transaction
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility, may_rewrite
+from projections import queries
+from projections.database import org_transaction
 
 
 def owner_scope(session) -> Scope:

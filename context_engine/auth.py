@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import jwt
 
-from context_engine import keyfiles
+from context_engine import keyfiles, validation
 from context_engine.clearance import MAX_CLEARANCE, MIN_CLEARANCE
 from context_engine.config import Settings
-from context_engine import validation
 from context_engine.errors import InvalidArgument, Unauthenticated
 from context_engine.scope import Scope
 

@@ -169,8 +169,7 @@ class OpenAIEmbedder:
         return l2_normalise(np.concatenate(parts, axis=0))
 
     async def _embed_batch(self, session: Any, batch: list[str]) -> np.ndarray:
-        from tenacity import (AsyncRetrying, retry_if_exception_type, stop_after_attempt,
-                              wait_exponential_jitter)
+        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
         backoff = wait_exponential_jitter(
             multiplier=self.backoff_initial_s, max=self.backoff_max_s,

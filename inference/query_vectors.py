@@ -21,8 +21,8 @@ import hashlib
 import cachetools
 import numpy as np
 
-from inference.embedder import Embedder
 from context_engine.metrics import QUERY_VECTORS
+from inference.embedder import Embedder
 
 Key = tuple[str, bytes]
 

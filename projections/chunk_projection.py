@@ -45,10 +45,10 @@ import numpy as np
 import orjson
 from pgvector import Vector
 
-from projections.retrieval.bm25 import B, K1, DocumentTerms, term_frequencies
+from context_engine.validation import MAX_LABEL, refused_character
+from projections.retrieval.bm25 import K1, B, DocumentTerms, term_frequencies
 from projections.retrieval.chunking import Chunk, chunk_content
 from projections.statement_batch import NOTHING, StatementBatch
-from context_engine.validation import MAX_LABEL, refused_character
 
 SEMANTIC = "semantic"
 DOMAIN_KEY = "domain"

@@ -58,6 +58,7 @@ from context_engine.metrics import GUARDRAIL_LAYERS_REFUSED
 from projections.database import set_config_sql
 from projections.guardrail_queries import GuardrailLayerRow, published_layer
 from projections.projector.outcome import Outcome
+
 log = structlog.get_logger("context_engine.guardrails")
 
 APPLIED = Outcome.APPLIED

@@ -43,8 +43,10 @@ import orjson
 from context_engine import validation
 from context_engine.concurrency import alongside
 from context_engine.errors import InvalidArgument
-from inference.query_vectors import QueryVectors
 from context_engine.metrics import RETRIEVAL_PASSES, timed
+from context_engine.scope import Scope
+from context_engine.visibility import Visibility
+from inference.query_vectors import QueryVectors
 from projections.database import org_transaction
 from projections.retrieval.bm25 import (
     CorpusStats,
@@ -64,8 +66,6 @@ from projections.retrieval.recipe import (
     POOL_PER_RESULT,
     POSTINGS_PER_TERM,
 )
-from context_engine.scope import Scope
-from context_engine.visibility import Visibility
 
 MAX_QUERY_BYTES = 16 * 1024
 MAX_DOMAIN_CHARS = 128

@@ -42,37 +42,44 @@ import time
 import asyncpg
 import faust
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from upsquad.context.v1 import stream_pb2
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from context_engine.concurrency import background_thread
-from context_engine.guardrails.trust import load_trust
 from context_engine.config import Settings
 from context_engine.events import EMBEDDING_RECORDED, Event
-from inference.embedder import embedder_from_settings
+from context_engine.guardrails.trust import load_trust
 from context_engine.metrics import LOG_RECORDS_REFUSED, PROJECTOR_BATCH_EVENTS, PROJECTOR_BATCH_SECONDS, serve_metrics
+from context_engine.scope import Scope
+from inference.embedder import embedder_from_settings
+from inference.pii_client import PiiClient
 from projections import deferred_indexing
 from projections.database import create_pool, transaction_state_only
-from projections.records import LogRecord
 from projections.projector.batch import apply_batch
 from projections.projector.outcome import Applied, Outcome
 from projections.projector.rejections import is_infrastructure_failure
+from projections.records import LogRecord
+from projections.savings_projection import apply_samples
 from streams import readiness
+from streams.acknowledgement import announcement
 from streams.embedding_pipeline import EmbeddingPipeline
 from streams.fetch_wait import AdaptiveFetchWait
-from inference.pii_client import PiiClient
-from projections.savings_projection import apply_samples
-from context_engine.scope import Scope
-from streams.jobs import (baseline_sample, embedding_job, job_message, open_envelope, open_indexing_job,
-                         open_pii_scan_job, scope_of)
-from streams.pii_scanner import PiiScanner
+from streams.jobs import (
+    baseline_sample,
+    embedding_job,
+    job_message,
+    open_envelope,
+    open_indexing_job,
+    open_pii_scan_job,
+    scope_of,
+)
 from streams.kafka_security import client_security, faust_credentials
-from streams.acknowledgement import announcement
+from streams.pii_scanner import PiiScanner
 from streams.record_auth import Keyring, RecordSigner, RecordVerifier, Refusal
 from streams.topics import LogTopics, ensure_topics
 from streams.vector_assigner import VectorAssigner
 from streams.windowed_stream import WindowedStream
+from upsquad.context.v1 import stream_pb2
 
 log = structlog.get_logger("context_engine.worker")
 

@@ -27,11 +27,11 @@ import numpy as np
 import structlog
 
 from context_engine.events import EmbeddingRecorded, Event, embedding_aggregate
-from inference.embedder import Embedder
 from context_engine.metrics import EMBEDDED_TEXTS, EMBEDDING_BATCH_SECONDS
+from context_engine.scope import Scope
+from inference.embedder import Embedder
 from projections.chunk_projection import vector_to_b64
 from projections.database import org_transaction
-from context_engine.scope import Scope
 
 log = structlog.get_logger("context_engine.embedding")
 

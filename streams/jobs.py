@@ -17,12 +17,12 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
-from upsquad.context.v1 import context_pb2, stream_pb2
 
+from context_engine.scope import Scope
 from projections.projector.job_requests import CompactSession, EmbedChunks, IndexSource, JobRequest, ScanMemory
 from projections.savings_projection import Sample
-from context_engine.scope import Scope
 from streams.record_auth import RecordSigner
+from upsquad.context.v1 import context_pb2, stream_pb2
 
 
 def scope_path(scope: Scope) -> context_pb2.ScopePath:

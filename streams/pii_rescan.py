@@ -16,8 +16,8 @@ from typing import Any
 
 import asyncpg
 
-from projections.database import org_transaction
 from context_engine.scope import Scope
+from projections.database import org_transaction
 from streams.jobs import pii_scan_job, publish
 from streams.record_auth import RecordSigner
 from streams.topics import LogTopics

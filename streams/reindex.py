@@ -15,8 +15,8 @@ from typing import Any
 
 import asyncpg
 
-from projections.database import org_transaction
 from context_engine.scope import Scope
+from projections.database import org_transaction
 from streams.jobs import publish, reindex_job
 from streams.record_auth import RecordSigner
 from streams.topics import LogTopics

@@ -37,14 +37,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from context_engine.events import GUARDRAIL_PUBLISHED
 from context_engine.hashing import sha256_hex
 from projections import db_admin
+from projections.chunk_projection import BulkLoad, assign_recorded_vectors, recount_statistics
 from projections.database import create_pool
 from projections.deferred_indexing import MAX_ATTEMPTS
-from projections.migrate import migrate
-from projections.records import LogRecord
-from projections.chunk_projection import BulkLoad, assign_recorded_vectors, recount_statistics
 from projections.guardrail_projection import refused_on_the_log
+from projections.migrate import migrate
 from projections.projector.batch import apply_batch
 from projections.projector.rejections import SYSTEM_ORG, claimed_identity
+from projections.records import LogRecord
 from streams.record_auth import RecordVerifier
 
 BATCH = 2000

@@ -8,31 +8,31 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import structlog
-from upsquad.context.v1 import context_pb2, context_pb2_grpc
 
+from commands.deps import Deps
+from commands.session_access import SessionOwners
+from commands.write_budget import WriteBudget
 from context_engine.api.context_servicer import ContextEngineServicer
 from context_engine.api.interceptors import Authentication
+from context_engine.auth import TokenVerifier
+from context_engine.config import Settings
+from context_engine.metrics import serve_metrics
 from context_engine.serving.interceptors import ErrorsAndAccessLog
 from context_engine.serving.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
-from context_engine.auth import TokenVerifier
-from commands.deps import Deps
-from commands.write_budget import WriteBudget
-from commands.session_access import SessionOwners
-from context_engine.config import Settings
 from inference.coalescing_embedder import CoalescingEmbedder
-from inference.query_vectors import QueryVectors
 from inference.embedder import embedder_from_settings
-from context_engine.metrics import serve_metrics
+from inference.query_vectors import QueryVectors
 from projections.database import create_pool
 from projections.migrate import APP_ROLE, app_url
 from streams import readiness
+from streams.acknowledgement import ArchiveWatch
 from streams.freshness import SessionFreshness
 from streams.kafka_security import client_security
-from streams.acknowledgement import ArchiveWatch
 from streams.log import EventLog, record_bytes_limit
 from streams.record_auth import signer_from_settings
 from streams.restore import restore_if_behind
 from streams.topics import LogTopics, ensure_topics
+from upsquad.context.v1 import context_pb2, context_pb2_grpc
 
 log = structlog.get_logger("context_engine.api")
 

@@ -9,27 +9,27 @@ from __future__ import annotations
 import datetime as dt
 
 from google.protobuf.timestamp_pb2 import Timestamp
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.context.v1 import context_pb2_grpc
 
-from context_engine import validation
-from context_engine.api.interceptors import current_principal
-from context_engine.serving.interceptors import metadata_value
 from commands.assemble_context import AssembleContext, assemble_context
 from commands.create_snapshot import CreateSnapshot, create_snapshot
 from commands.deps import Deps
+from commands.embed_texts import EmbedTexts, embed_texts
 from commands.ingest_event import IngestEvent, ingest_event
-from commands.push_context import PushContext, push_context
 from commands.pull_context import PullContext, pull_context
+from commands.push_context import PushContext, push_context
 from commands.resolve_guardrail_layers import resolve_guardrail_layers
 from commands.rollback_context import RollbackContext, rollback_context
 from commands.search import search
 from commands.validate_prompt import ValidatePrompt, validate_prompt
+from context_engine import validation
+from context_engine.api.interceptors import current_principal
 from context_engine.errors import Unimplemented
-from commands.embed_texts import EmbedTexts, embed_texts
 from context_engine.guardrails.trust import load_trust
+from context_engine.serving.interceptors import metadata_value
 from projections.retrieval.fusion import HYBRID
 from projections.search import SearchQuery
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
 
 IDEMPOTENCY_HEADER = "idempotency-key"
 

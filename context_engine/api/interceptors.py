@@ -13,8 +13,14 @@ import grpc
 from context_engine import errors
 from context_engine.auth import Principal, TokenVerifier
 from context_engine.scope import Scope
-from context_engine.serving.interceptors import (OPEN_SERVICES, Behavior, current_caller, metadata_value,
-                                                 set_caller, wrap_unary)
+from context_engine.serving.interceptors import (
+    OPEN_SERVICES,
+    Behavior,
+    current_caller,
+    metadata_value,
+    set_caller,
+    wrap_unary,
+)
 
 
 def current_principal() -> Principal:

@@ -53,8 +53,8 @@ def serve_api(
 @serve_app.command("detector")
 def serve_detector(data_dir: DataDir = None) -> None:
     """Serve upsquad.ml.v1.MLDetectorService."""
-    from inference.detector.server import run_detector
     from context_engine.logs import configure_logging
+    from inference.detector.server import run_detector
 
     settings = command_settings(home=data_dir)
     configure_logging(settings.log_level, process="detector")

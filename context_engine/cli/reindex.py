@@ -24,8 +24,8 @@ def reindex(
     """Re-embed a scope's chunks with the running embedder (after a model change)."""
     import time
 
-    from inference.embedder import embedder_from_settings
     from context_engine.scope import Scope
+    from inference.embedder import embedder_from_settings
     from streams import reindex as reindexing
     from streams.kafka_security import client_security
     from streams.record_auth import signer_from_settings

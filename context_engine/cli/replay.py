@@ -79,7 +79,8 @@ def verify(source_name: SourceOption = None, data_dir: DataDir = None) -> None:
     refused them, so they are no difference (the exit status counts differences only)."""
     from streams.kafka_security import client_security
     from streams.record_auth import verifier_from_settings
-    from streams.replay import read_log, verify as run_verify
+    from streams.replay import read_log
+    from streams.replay import verify as run_verify
     from streams.topics import LogTopics
 
     settings = stack_settings(data_dir)

@@ -12,8 +12,6 @@ import asyncpg
 import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.context.v1 import context_pb2_grpc, stream_pb2
 
 from context_engine.api.app import build_api_server, open_deps
 from inference.tokens import count_tokens
@@ -22,6 +20,8 @@ from tests.fixtures.engine import SAMPLED_ORG, unique
 from tests.integration.test_guardrails_api import publish
 from tests.integration.test_retrieval import ingest, wait_embedded
 from tests.integration.test_session_write_path import expect_error
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc, stream_pb2
 
 pytestmark = pytest.mark.integration
 

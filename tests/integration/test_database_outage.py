@@ -16,11 +16,11 @@ import time
 
 import grpc
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
-from context_engine.serving.status import error_info
 from context_engine.embedded.postgres import EmbeddedPostgres
+from context_engine.serving.status import error_info
 from tests.fixtures.engine import running_engine, unique
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from context_engine.serving.status import error_info
 from context_engine.config import Settings
+from context_engine.serving.status import error_info
 from inference.detector.server import build_detector_server, start_detector
 from inference.detector.service import DetectorServicer
 from inference.detector.settings import DEFAULT_CANARY_EXPECT, DEFAULT_CANARY_TEXT, DetectorSettings

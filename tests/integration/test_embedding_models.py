@@ -12,11 +12,11 @@ import threading
 import asyncpg
 import numpy as np
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
 from projections.retrieval.bm25 import analyze
 from tests.fixtures.engine import running_engine, unique
 from tests.integration.test_retrieval import ingest, wait_embedded
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

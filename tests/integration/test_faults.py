@@ -8,11 +8,11 @@ import time
 import asyncpg
 import grpc
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
 from streams.replay import read_archive, verify
 from streams.topics import LogTopics
 from tests.fixtures.engine import running_engine, unique
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

@@ -34,6 +34,7 @@ from context_engine.guardrails.signing import (
     layer_scope,
     sign_layer,
 )
+from context_engine.scope import Scope
 from projections import db_admin
 from projections.database import create_pool, org_transaction
 from projections.guardrail_projection import (
@@ -54,10 +55,9 @@ from projections.guardrail_queries import (
     published_layer,
 )
 from projections.migrate import app_url
+from projections.projector.batch import apply_batch
 from projections.prompt_validation import validate_prompt
 from projections.records import LogRecord
-from projections.projector.batch import apply_batch
-from context_engine.scope import Scope
 from streams.acknowledgement import announcement
 from streams.record_auth import Keyring, RecordSigner, RecordVerifier
 from streams.replay import compare_log, read_log

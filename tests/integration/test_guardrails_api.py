@@ -7,10 +7,10 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.guardrails.trust import trusted_fingerprints
 from tests.fixtures.engine import unique
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

@@ -12,18 +12,18 @@ import grpc
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
-from upsquad.context.v1 import context_pb2 as pb
 
-from context_engine.serving.status import error_info
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
-from projections import deferred_indexing
 from context_engine.scope import Scope
+from context_engine.serving.status import error_info
+from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
+from projections import deferred_indexing
 from streams.record_auth import partition_for, signer_from_settings
 from streams.topics import LogTopics
-from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
 from tests.fixtures.engine import unique
 from tests.integration.test_session_write_path import archived_count, expect_error
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

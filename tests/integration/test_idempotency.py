@@ -18,16 +18,16 @@ import uuid
 import asyncpg
 import grpc
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine.api.app import build_api_server
-from context_engine.serving.status import error_info
 from context_engine.events import EVENT_INGESTED, Event, SessionRef, session_aggregate
-from projections.projector.outcome import Outcome
 from context_engine.scope import Scope
+from context_engine.serving.status import error_info
+from projections.projector.outcome import Outcome
 from streams.acknowledgement import ArchiveWatch, EventRejected
 from tests.fixtures.engine import unique
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
 
 pytestmark = pytest.mark.integration
 

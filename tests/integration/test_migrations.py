@@ -12,8 +12,16 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, SESSION_ROLLED_BACK, SNAPSHOT_CREATED, Event, session_aggregate
+from context_engine.events import (
+    EVENT_INGESTED,
+    MEMORY_PUSHED,
+    SESSION_ROLLED_BACK,
+    SNAPSHOT_CREATED,
+    Event,
+    session_aggregate,
+)
 from context_engine.hashing import sha256_hex
+from context_engine.scope import Scope
 from projections import queries
 from projections.database import DatabaseRoleError, create_pool, org_transaction
 from projections.migrate import (
@@ -24,9 +32,8 @@ from projections.migrate import (
     load_migrations,
     migrate,
 )
-from projections.records import LogRecord
 from projections.projector.batch import apply_batch
-from context_engine.scope import Scope
+from projections.records import LogRecord
 from tests.fixtures.databases import fresh_database, owned_database
 
 pytestmark = pytest.mark.integration

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.embedded.process import free_port
 from tests.fixtures.detector_stub import StubDetector
 from tests.fixtures.engine import running_engine, unique
 from tests.integration.test_retrieval import wait_embedded
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

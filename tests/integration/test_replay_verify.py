@@ -6,20 +6,19 @@ import hashlib
 
 import asyncpg
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine import hashing
-from context_engine.events import canonical_bytes
-from context_engine.events import EVENT_INGESTED, Event, session_aggregate
+from context_engine.events import EVENT_INGESTED, Event, canonical_bytes, session_aggregate
+from context_engine.scope import Scope
 from inference.tokens import count_tokens
 from projections.records import LogRecord
-from context_engine.scope import Scope
 from streams.record_auth import partition_for, signer_from_settings, verifier_from_settings
 from streams.replay import compare, read_archive, read_log, replay, verify
 from streams.topics import LogTopics
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
 from tests.integration.test_retrieval import wait_embedded
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

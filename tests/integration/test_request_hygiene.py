@@ -13,16 +13,16 @@ import asyncpg
 import grpc
 import pytest
 from google.protobuf.message import DecodeError
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.ml.v1 import detector_pb2
 
-from context_engine.serving.status import error_info
 from context_engine.config import Settings
+from context_engine.serving.status import error_info
 from inference.detector.server import build_detector_server, start_detector
 from inference.detector.settings import DetectorSettings
 from inference.detector.token import service_token as detector_token
 from tests.fixtures.engine import unique
 from tests.integration.test_session_write_path import archived_count
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.ml.v1 import detector_pb2
 
 pytestmark = pytest.mark.integration
 

@@ -10,24 +10,23 @@ import time
 
 import asyncpg
 import grpc
-import orjson
 import numpy as np
+import orjson
 import pytest
 from pgvector.asyncpg import register_vector
 from prometheus_client import REGISTRY
-from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.api.app import api_database_url
+from context_engine.scope import Scope
 from inference.tokens import count_tokens
+from projections.database import create_pool
+from projections.migrate import APP_ROLE
 from projections.retrieval.bm25 import analyze, bm25_scorer, query_idf_mass
 from projections.retrieval.confidence_gate import Pool
 from projections.retrieval.fusion import HYBRID, Candidate
 from projections.retrieval.outcome import classify
-from projections.database import create_pool
 from projections.search import _LEXICAL, SearchQuery, _fused, _Retriever
 from projections.search import search as search_projection
-from projections.migrate import APP_ROLE
-from context_engine.scope import Scope
 from streams.record_auth import verifier_from_settings
 from streams.replay import read_log, replay
 from streams.topics import LogTopics
@@ -35,6 +34,7 @@ from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
 from tests.integration.test_session_write_path import expect_error, session_version
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

@@ -28,19 +28,18 @@ from context_engine.events import (
     session_aggregate,
 )
 from context_engine.hashing import chain, genesis_version, next_version, sha256_hex
+from context_engine.scope import Scope
+from context_engine.visibility import Visibility
 from projections import db_admin, queries
 from projections.chunk_projection import assign_vectors_recorded_by
 from projections.database import create_pool, init_connection
-from projections.records import LogRecord
-from context_engine.visibility import Visibility
 from projections.projector.batch import apply_batch, load_offsets
 from projections.projector.outcome import Outcome
-from context_engine.scope import Scope
+from projections.records import LogRecord
 from streams.embedding_pipeline import recorded_event
 from streams.jobs import job_message
 from streams.vector_assigner import VectorAssigner
 from tests.fixtures.databases import fresh_database
-
 
 pytestmark = pytest.mark.integration
 

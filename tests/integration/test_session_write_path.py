@@ -8,13 +8,13 @@ import uuid
 import asyncpg
 import grpc
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine import hashing
-from context_engine.serving.status import error_info
 from context_engine.events import canonical_bytes
+from context_engine.serving.status import error_info
 from inference.tokens import count_tokens
 from tests.fixtures.engine import unique
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
-from context_engine.serving.status import error_info
 from context_engine.scope import Scope
-from tests.security.row_counts import unchanged
+from context_engine.serving.status import error_info
 from tests.fixtures.settling import settled
+from tests.security.row_counts import unchanged
 from tests.security.world import may_rewrite, scopes
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

@@ -38,12 +38,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
-from context_engine.serving.status import error_info
-from context_engine.auth import mint_token
 from commands.publish_guardrail import GuardrailPublishError, PublishGuardrail, append_layer, build_event
+from context_engine.auth import mint_token
 from context_engine.events import GUARDRAIL_PUBLISHED, Event
 from context_engine.guardrails.signing import (
     content_sha256,
@@ -54,6 +51,8 @@ from context_engine.guardrails.signing import (
     operator_key_path,
     raw_public_key,
 )
+from context_engine.scope import Scope
+from context_engine.serving.status import error_info
 from projections.database import create_pool, org_transaction
 from projections.guardrail_projection import (
     REJECTED_BAD_SIGNATURE,
@@ -61,15 +60,16 @@ from projections.guardrail_projection import (
     REJECTED_UNTRUSTED_KEY,
 )
 from projections.guardrail_queries import current_layer
-from context_engine.scope import Scope
 from streams.kafka_security import client_security
 from streams.record_auth import signer_from_settings
 from streams.topics import LogTopics
 from tests.fixtures.detector_stub import StubDetector
 from tests.fixtures.engine import Engine, unique
+from tests.fixtures.settling import settled
 from tests.security.deployment import quiet_deployment
 from tests.security.row_counts import changed, row_counts
-from tests.fixtures.settling import settled
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,6 @@ import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
-from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
@@ -49,9 +48,10 @@ from streams.record_auth import (
 )
 from streams.topics import LogTopics
 from tests.fixtures.engine import unique
+from tests.fixtures.settling import settled
 from tests.security.deployment import quiet_deployment
 from tests.security.row_counts import unchanged
-from tests.fixtures.settling import settled
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 import asyncpg
 import grpc
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.embedded.postgres import (
     HBA_CONF,
@@ -52,6 +51,7 @@ from context_engine.embedded.postgres import (
 from context_engine.embedded.process import free_port
 from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
+from context_engine.scope import Scope
 from projections import db_admin, deferred_indexing, savings_projection
 from projections.chunk_projection import pending_vector_assignments
 from projections.database import create_pool, org_transaction
@@ -64,13 +64,13 @@ from projections.migrate import (
     app_url,
     migrate,
 )
-from projections.records import LogRecord
 from projections.projector.batch import apply_batch
-from context_engine.scope import Scope
+from projections.records import LogRecord
 from streams import pii_rescan
+from tests.fixtures.databases import fresh_database, owned_database
 from tests.fixtures.engine import unique
 from tests.fixtures.infra import APP_PASSWORD
-from tests.fixtures.databases import fresh_database, owned_database
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 
@@ -765,9 +765,8 @@ def test_up_brings_an_earlier_trust_data_directory_to_scram(service_tmp_path: pa
         # Nobody's command line carries a password (any local user reads them).
         assert [c for c in _all_cmdlines() if superuser_password in c or app_password in c] == []
         # The API serves with its password: an org's call is answered.
-        from upsquad.context.v1 import context_pb2_grpc
-
         from context_engine.auth import mint_token
+        from upsquad.context.v1 import context_pb2_grpc
 
         token = mint_token(secrets_["jwt"].encode(), org="upgraded", clearance=2)
         with grpc.insecure_channel(f"127.0.0.1:{api_port}") as channel:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.serving.status import error_info
 from tests.fixtures.engine import unique
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import asyncpg
 import grpc
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
 
 from context_engine.scope import Scope
 from tests.fixtures.settling import settled
 from tests.security.world import scopes, sees
+from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 

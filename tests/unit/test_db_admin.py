@@ -2,8 +2,14 @@
 
 import pytest
 
-from projections.db_admin import (create_database_sql, drop_database_sql, quote_identifier, set_password_sql,
-                                  timestamped_name, with_database)
+from projections.db_admin import (
+    create_database_sql,
+    drop_database_sql,
+    quote_identifier,
+    set_password_sql,
+    timestamped_name,
+    with_database,
+)
 
 
 def test_an_identifier_is_quoted_with_its_quotes_doubled():

@@ -18,7 +18,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from context_engine.serving.status import status_code_for
 from commands.publish_guardrail import PublishGuardrail, build_event
 from context_engine.config import Settings
 from context_engine.errors import DomainError
@@ -40,6 +39,7 @@ from context_engine.guardrails.trust import (
     public_key_fingerprint,
     trusted_fingerprints,
 )
+from context_engine.serving.status import status_code_for
 from projections.guardrail_projection import REJECTED_UNTRUSTED_KEY, refuse_layers
 from projections.projector.rejections import is_infrastructure_failure
 

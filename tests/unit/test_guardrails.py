@@ -38,6 +38,7 @@ from context_engine.guardrails.signing import (
     signed_message,
     verify_layer,
 )
+from context_engine.scope import Scope
 from projections.guardrail_queries import GuardrailLayerRow
 from projections.prompt_validation import (
     INJECTION_PATTERN,
@@ -51,7 +52,6 @@ from projections.prompt_validation import (
     find_injection,
     validate_prompt,
 )
-from context_engine.scope import Scope
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guardrails.md"
 

@@ -8,8 +8,7 @@ import random
 import pytest
 
 from projections.retrieval import bm25
-from projections.retrieval.bm25 import (
-    CorpusStats, DocumentTerms, analyze, bm25_score, bm25_scores, term_frequencies)
+from projections.retrieval.bm25 import CorpusStats, DocumentTerms, analyze, bm25_score, bm25_scores, term_frequencies
 from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
 
 TOY = ["the cat sat on the mat", "dogs chase the cat", "a bird sang"]

@@ -10,8 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from projections.retrieval import fusion
-from projections.retrieval.fusion import (
-    HYBRID, RRF, Candidate, RRFFusion, WeightedFusion)
+from projections.retrieval.fusion import HYBRID, RRF, Candidate, RRFFusion, WeightedFusion
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 MASS = 4.0

@@ -13,7 +13,13 @@ from projections.retrieval import confidence_gate as gate
 from projections.retrieval import outcome as oc
 from projections.retrieval.fusion import ScoredCandidate
 from projections.retrieval.outcome import (
-    Outcome, RetrievalResult, classify, outcome_name, resolve_min_score, resolve_top_k)
+    Outcome,
+    RetrievalResult,
+    classify,
+    outcome_name,
+    resolve_min_score,
+    resolve_top_k,
+)
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ import asyncpg
 import asyncpg.exceptions as pg
 import grpc
 import pytest
-from upsquad.context.v1 import context_pb2 as pb
-from upsquad.context.v1 import context_pb2_grpc
 
 from context_engine import errors
+from context_engine.embedded.process import free_port
 from context_engine.serving.interceptors import ErrorsAndAccessLog
 from context_engine.serving.status import error_info
-from context_engine.embedded.process import free_port
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
 
 DB, BROKER = errors.DATABASE_UNAVAILABLE, errors.BROKER_UNAVAILABLE
 

@@ -8,7 +8,6 @@ from context_engine.scope import Scope
 from projections.projector.version_chain import VersionChain
 from projections.statement_batch import StatementBatch
 
-
 OWNER = Scope("acme", "p", "t")
 
 
