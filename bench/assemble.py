@@ -344,7 +344,8 @@ def main() -> None:
     o = open_phase.stats()
     print()
     print(f"verdict: p95 at {open_phase.offered:g} calls/s offered = {o['p95_ms']:.1f} ms (goal <= {GOAL_P95_MS:g} ms "
-          f"at {GOAL_RATE:g}/s): {'MET' if o['p95_ms'] <= GOAL_P95_MS and open_phase.offered >= GOAL_RATE else 'MISSED'}"
+          f"at {GOAL_RATE:g}/s): "
+          f"{'MET' if o['p95_ms'] <= GOAL_P95_MS and open_phase.offered >= GOAL_RATE else 'MISSED'}"
           f"; achieved {o['achieved']:.1f}/s")
     print(f"verdict: saturation (best closed-loop rate) = {saturation:.1f} calls/s (goal >= {GOAL_SATURATION:g}): "
           f"{'MET' if saturation >= GOAL_SATURATION else 'MISSED'}")

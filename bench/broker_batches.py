@@ -52,12 +52,12 @@ async def run(records: int, block: int, clients: int, with_consumer: bool) -> li
         rates = []
         payload = b"x" * 600
         for start in range(0, records, block):
-            async def client(k: int) -> None:
+            async def client(start: int, k: int) -> None:
                 for j in range(start + k, start + block, clients):
                     await producer.send_and_wait(TOPIC, payload, key=str(j).encode())
 
             began = time.perf_counter()
-            await asyncio.gather(*(client(k) for k in range(clients)))
+            await asyncio.gather(*(client(start, k) for k in range(clients)))
             rates.append(block / (time.perf_counter() - began))
         stop.set()
         if polling:

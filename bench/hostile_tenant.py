@@ -163,8 +163,8 @@ async def run(stack: Stack, worker: ServerMetrics, rate: float, seconds: float, 
     worker_report["hostile"] = worker_lines(worker, metrics, worker.snapshot(), hostile.span)
     await channel.close()
     lags = await projection_lags(stack.endpoints()["database_url"], "org-b", hostile_started)
-    return {"lags": lags, "quiet": quiet, "hostile": hostile, "outcomes": outcomes, "attacker_ms": attacker_ms, "cpu": cpu,
-            "worker": worker_report}
+    return {"lags": lags, "quiet": quiet, "hostile": hostile, "outcomes": outcomes, "attacker_ms": attacker_ms,
+            "cpu": cpu, "worker": worker_report}
 
 
 async def projection_lags(database_url: str, org: str, split: dt.datetime) -> dict[str, list[float]]:

@@ -160,10 +160,12 @@ def worker_lines(metrics: ServerMetrics, before, after, seconds: float) -> list[
 
     batches, events = one("context_engine_projector_batch_seconds"), one("context_engine_projector_batch_events")
     assign, embed = one("context_engine_vector_assignment_seconds"), one("context_engine_embedding_batch_seconds")
-    texts = after.get(("context_engine_embedded_texts_total", ()), 0.0) - before.get(("context_engine_embedded_texts_total", ()), 0.0)
+    texts = (after.get(("context_engine_embedded_texts_total", ()), 0.0)
+             - before.get(("context_engine_embedded_texts_total", ()), 0.0))
     return [
         f"projector (worker-side): {batches.count:,.0f} batches, {events.total / max(events.count, 1):.1f} events "
-        f"each; batch ms mean {batches.mean_ms:.1f} p50 {batches.quantile_ms(.5):.1f} p95 {batches.quantile_ms(.95):.1f}; "
+        f"each; batch ms mean {batches.mean_ms:.1f} p50 {batches.quantile_ms(.5):.1f} "
+        f"p95 {batches.quantile_ms(.95):.1f}; "
         f"busy {batches.total / seconds:.0%} of the run",
         f"vector assignments after the commit: {assign.count:,.0f}, ms mean {assign.mean_ms:.1f} "
         f"p95 {assign.quantile_ms(.95):.1f}; embedder: {texts:,.0f} texts in {embed.count:,.0f} batches "

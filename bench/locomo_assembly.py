@@ -333,7 +333,8 @@ def main() -> None:
           f"chunks embedded {embed_wait_s:.1f} s after the last ack; AssembleContext model_id {MODEL!r}, no hints, "
           f"no layers, floor {args.min_score if args.min_score is not None else 'server default'}, "
           f"one call in flight")
-    print(f"store checks: {problems or 'every turn is one chunk with id UUIDv5(event_id#0); sessions in dialogue order'}")
+    print("store checks: "
+          f"{problems or 'every turn is one chunk with id UUIDv5(event_id#0); sessions in dialogue order'}")
     over = sum(c.assembled_tokens > c.budget for c in calls)
     mismatched = sum(c.assembled_tokens != c.counted_tokens for c in calls)
     disagree = sum(abs(c.coverage - c.coverage_text) > 1e-9 for c in calls)
@@ -375,7 +376,8 @@ def main() -> None:
         ok_tokens = s["reduction"] >= GOAL_REDUCTION
         ok_cov = s["coverage"] >= bar_value
         print()
-        print(f"verdict at {GOAL_BUDGET:,} tokens: token reduction {s['reduction']:.1%} (goal >= {GOAL_REDUCTION:.0%}): "
+        print(f"verdict at {GOAL_BUDGET:,} tokens: token reduction {s['reduction']:.1%} "
+              f"(goal >= {GOAL_REDUCTION:.0%}): "
               f"{'MET' if ok_tokens else 'MISSED'}; evidence coverage {s['coverage']:.3f} vs the best plain ranker "
               f"({name} R@2k tok {bar_value:.3f}): {'MET' if ok_cov else 'MISSED'} "
               f"({s['coverage'] - bar_value:+.3f}; {s['from_retrieved']:.3f} from retrieved, "

@@ -159,7 +159,8 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         prompt_id=prompt_id, prompt=packed.prompt, cache_prefix_bytes=packed.prefix_bytes,
         assembled_tokens=packed.tokens, baseline_tokens=baseline,
         savings_ratio=(baseline - packed.tokens) / baseline if baseline else 0.0,
-        version_hash=merkle_root([sha256_hex(b.text.encode("utf-8")) for b in packed.blocks]), chunk_ids=chunk_ids, quality=quality)
+        version_hash=merkle_root([sha256_hex(b.text.encode("utf-8")) for b in packed.blocks]),
+        chunk_ids=chunk_ids, quality=quality)
 
 
 async def _read_session(deps: Deps, scope, cmd: AssembleContext, pinned_ids: list[str],

@@ -11,4 +11,5 @@ from projections.search import search as hybrid_search
 
 async def search(deps: Deps, principal: Principal, query: SearchQuery) -> SearchOutcome:
     scope = principal.scope
-    return await hybrid_search(deps.pool, deps.query_vectors, scope, query, deps.settings.tenant_min_score(scope.org_id))
+    return await hybrid_search(deps.pool, deps.query_vectors, scope, query,
+                               deps.settings.tenant_min_score(scope.org_id))

@@ -178,7 +178,8 @@ class Settings(BaseSettings):
     def _largest_content_fits_the_write_budget(self) -> "Settings":
         if self.org_write_bytes_per_second and self.org_write_burst_bytes < self.max_content_bytes:
             raise ValueError(f"org_write_burst_bytes ({self.org_write_burst_bytes}) must be at least "
-                             f"max_content_bytes ({self.max_content_bytes}): the largest content could never be written")
+                             f"max_content_bytes ({self.max_content_bytes}): the largest content "
+                             "could never be written")
         return self
 
     def tenant_min_score(self, org_id: str) -> float:

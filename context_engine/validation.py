@@ -4,14 +4,19 @@
 Every pattern matches the whole value (`re.fullmatch`, or `\\A...\\Z`): `^...$` with `re.match`
 also accepts a value ending in "\\n", since `$` matches before a trailing newline.
 
-| check             | fields                                                    | rule |
-|-------------------|-----------------------------------------------------------|------|
-| `identifier`      | scope ids (org_id, pillar_id, team_id, agent_id), session_id, PullContext.agent_id | 1-128 ASCII characters of `[A-Za-z0-9._:@-]`, the first a letter or digit |
-| `name`            | snapshot_name                                             | 1-128 characters (code points), none of them a control, format or line/paragraph separator character (below) |
-| `version_hash`    | target_version_hash                                       | exactly 64 lowercase hex digits (SHA-256) |
-| `uuid_text`       | hints.pinned_chunk_ids, the <id> of hints.must_include `event:<id>` | a UUID in its 36-character hyphenated form, hex in either case |
-| `idempotency_key` | the `idempotency-key` header (IngestEvent)                | empty (no key), or 1-128 printable ASCII characters without space (U+0021-U+007E) |
-| `label`           | optional free-text filters (Search.domain)                | at most 128 characters, none of them a control, format or separator character |
+Each check, the fields it guards, and its rule:
+- `identifier`: scope ids (org_id, pillar_id, team_id, agent_id), session_id, PullContext.agent_id:
+  1-128 ASCII characters of `[A-Za-z0-9._:@-]`, the first a letter or digit.
+- `name`: snapshot_name:
+  1-128 characters (code points), none of them a control, format or line/paragraph separator character (below).
+- `version_hash`: target_version_hash:
+  exactly 64 lowercase hex digits (SHA-256).
+- `uuid_text`: hints.pinned_chunk_ids, the <id> of hints.must_include `event:<id>`:
+  a UUID in its 36-character hyphenated form, hex in either case.
+- `idempotency_key`: the `idempotency-key` header (IngestEvent):
+  empty (no key), or 1-128 printable ASCII characters without space (U+0021-U+007E).
+- `label`: optional free-text filters (Search.domain):
+  at most 128 characters, none of them a control, format or separator character.
 
 Characters refused in names and labels, by Unicode general category:
 - Cc: C0 controls U+0000-U+001F (tab, "\\n", "\\r", NUL included), DEL U+007F, C1 controls

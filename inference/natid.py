@@ -21,41 +21,41 @@ A *canonical* form matches on format + checksum alone.  A *keyword* form also ne
 a context keyword of that identifier nearby (see "Context" below).  Letters are
 canonical only in upper case; the all-lower-case spelling is a keyword form.
 
-=================  =======================================  ==========================================  =====================
-kind               canonical forms                          validity rule                               keyword-only forms
-=================  =======================================  ==========================================  =====================
-us_ssn             ``AAA-GG-SSSS``                          area not 000, 666 or 900-999; group not     ``AAA GG SSSS``,
-                                                            00; serial not 0000 (no checksum exists)    ``AAAGGSSSS``
-uk_nino            ``AB123456C``, ``AB 12 34 56 C``         1st letter not D F I Q U V; 2nd letter not  lower case
-                                                            D F I O Q U V; prefix not BG GB KN NK NT
-                                                            TN ZZ; suffix A-D (required; no checksum)
-ie_ppsn            ``1234567T``, ``1234567TW``,             check letter = "WABC...V"[(sum(d_i*w_i)     lower case; glued
-                   ``1234567FA``                            + 9*v2) mod 23], w = 8..2, v2 = 0 for W or  check letter B K M G
-                                                            absent, A..I = 1..9                         (reads as a size)
-fr_nir             ``1 85 05 78 006 084 36``                sex 1/2; month 01-12, 20-42 or 50-99;       sex 3, 4, 7, 8;
-                   (overseas: ``2 87 06 971 05 017 xx``)    department not 00 (2A/2B: Corsica);         ``185057800608436``,
-                                                            commune, order not 000; key = 97 - (N mod   ``1850578006084 36``
-                                                            97) over the 13 digits, 2A->19, 2B->18
-es_dni             ``12345678Z``, ``12345678-Z``,           letter = "TRWAGMYFPDXBNJZSQVHLCKE"[n mod    lower case; space
-                   ``12.345.678-Z``                         23]                                         before letter; glued
-                                                                                                        letter B K M G
-es_nie             ``X1234567L``, ``X-1234567-L``           X/Y/Z -> 0/1/2 prefixed, then the DNI       lower case; spaces
-                                                            letter rule
-it_codice_fiscale  ``RSSMRA85T10A562S`` (omocodia letters   6 letters, yy, month letter ABCDEHLMPRST,   lower case
-                   LMNPQRSTUV allowed in digit places)      day 01-31 / 41-71, place letter A-M or Z,
-                                                            check letter from the odd/even tables
-                                                            (sum mod 26)
-nl_bsn             (none)                                   9 digits, 11-proof: 9a+8b+...+2h-1i = 0     ``123456782``,
-                                                            mod 11, not all zero                        ``1234.56.782``,
-                                                                                                        ``123 456 782``
-de_steuer_id       (none)                                   11 digits, first not 0; in the first 10     ``86095742719``,
-                                                            exactly one digit repeats, 2 or 3 times,    ``86 095 742 719``
-                                                            a triple not all adjacent; ISO 7064 MOD
-                                                            11,10 check digit
-in_aadhaar         ``2345 6789 0124`` (single spaces)       12 digits, first 2-9, Verhoeff checksum;    ``234567890124``,
-                                                            canonical form refused when all three       ``2345-6789-0124``
-                                                            groups look like years 1900-2099
-=================  =======================================  ==========================================  =====================
+=================  ===================================  ==========================================  ====================
+kind               canonical forms                      validity rule                               keyword-only forms
+=================  ===================================  ==========================================  ====================
+us_ssn             ``AAA-GG-SSSS``                      area not 000, 666 or 900-999; group not     ``AAA GG SSSS``,
+                                                        00; serial not 0000 (no checksum exists)    ``AAAGGSSSS``
+uk_nino            ``AB123456C``, ``AB 12 34 56 C``     1st letter not D F I Q U V; 2nd letter not  lower case
+                                                        D F I O Q U V; prefix not BG GB KN NK NT
+                                                        TN ZZ; suffix A-D (required; no checksum)
+ie_ppsn            ``1234567T``, ``1234567TW``,         check letter = "WABC...V"[(sum(d_i*w_i)     lower case; glued
+                   ``1234567FA``                        + 9*v2) mod 23], w = 8..2, v2 = 0 for W or  check letter B K M G
+                                                        absent, A..I = 1..9                         (reads as a size)
+fr_nir             ``1 85 05 78 006 084 36``            sex 1/2; month 01-12, 20-42 or 50-99;       sex 3, 4, 7, 8;
+                   (overseas:                           department not 00 (2A/2B: Corsica);         ``185057800608436``,
+                   ``2 87 06 971 05 017 xx``)           commune, order not 000; key = 97 - (N mod   ``1850578006084 36``
+                                                        97) over the 13 digits, 2A->19, 2B->18
+es_dni             ``12345678Z``, ``12345678-Z``,       letter = "TRWAGMYFPDXBNJZSQVHLCKE"[n mod    lower case; space
+                   ``12.345.678-Z``                     23]                                         before letter; glued
+                                                                                                    letter B K M G
+es_nie             ``X1234567L``, ``X-1234567-L``       X/Y/Z -> 0/1/2 prefixed, then the DNI       lower case; spaces
+                                                        letter rule
+it_codice_fiscale  ``RSSMRA85T10A562S`` (omocodia       6 letters, yy, month letter ABCDEHLMPRST,   lower case
+                   letters LMNPQRSTUV allowed in        day 01-31 / 41-71, place letter A-M or Z,
+                   digit places)                        check letter from the odd/even tables
+                                                        (sum mod 26)
+nl_bsn             (none)                               9 digits, 11-proof: 9a+8b+...+2h-1i = 0     ``123456782``,
+                                                        mod 11, not all zero                        ``1234.56.782``,
+                                                                                                    ``123 456 782``
+de_steuer_id       (none)                               11 digits, first not 0; in the first 10     ``86095742719``,
+                                                        exactly one digit repeats, 2 or 3 times,    ``86 095 742 719``
+                                                        a triple not all adjacent; ISO 7064 MOD
+                                                        11,10 check digit
+in_aadhaar         ``2345 6789 0124`` (single spaces)   12 digits, first 2-9, Verhoeff checksum;    ``234567890124``,
+                                                        canonical form refused when all three       ``2345-6789-0124``
+                                                        groups look like years 1900-2099
+=================  ===================================  ==========================================  ====================
 
 Boundaries (every form)
 -----------------------

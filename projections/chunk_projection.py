@@ -446,7 +446,8 @@ async def assign_vectors_recorded_by(conn: asyncpg.Connection, org_id: str, even
         "                  WHERE later.org_id = $1 AND later.content_hash = cv.content_hash "
         "                    AND (later.recorded_at, later.model_version) > (cv.recorded_at, cv.model_version))",
         org_id, uuid.UUID(event_id))
-    await conn.execute("DELETE FROM vector_assignments WHERE org_id = $1 AND event_id = $2", org_id, uuid.UUID(event_id))
+    await conn.execute("DELETE FROM vector_assignments WHERE org_id = $1 AND event_id = $2",
+                       org_id, uuid.UUID(event_id))
     return int(status.split()[-1])
 
 

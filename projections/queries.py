@@ -215,9 +215,9 @@ async def event_by_idempotency_key(conn: asyncpg.Connection, org_id: str, key: s
                                    writer_scope_path: str | None = None) -> SessionEvent | None:
     """The event that won an idempotency key (rolled back or not). Keys are unique per session
     and writer scope (see projections/projector/appliers/ingested.py); pass the request's
-    session_id and the caller's scope path. Without them, the earliest event of the org with that key. Only clients' keys are
-    stored: a key the server issued (`ce-event:<event id>`, commands/ingest_event.py) names the
-    event id instead."""
+    session_id and the caller's scope path. Without them, the earliest event of the org with that
+    key. Only clients' keys are stored: a key the server issued (`ce-event:<event id>`,
+    commands/ingest_event.py) names the event id instead."""
     if not key:
         return None
     r = await conn.fetchrow(

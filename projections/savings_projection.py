@@ -65,7 +65,8 @@ async def apply_samples(pool: asyncpg.Pool, samples: Sequence[Sample]) -> int:
                 t[2] += r["naive_tokens"]
             for model_id, (n, assembled, naive) in totals.items():
                 await conn.execute(
-                    "INSERT INTO savings_by_model (org_id, model_id, samples, assembled_tokens, naive_tokens, updated_at) "
+                    "INSERT INTO savings_by_model "
+                    "(org_id, model_id, samples, assembled_tokens, naive_tokens, updated_at) "
                     "VALUES ($1, $2, $3, $4, $5, now()) ON CONFLICT (org_id, model_id) DO UPDATE SET "
                     "samples = savings_by_model.samples + EXCLUDED.samples, "
                     "assembled_tokens = savings_by_model.assembled_tokens + EXCLUDED.assembled_tokens, "

@@ -346,7 +346,8 @@ class _Retriever:
             return CorpusStats(0, 0.0), []
         statement, args = self.lexical_statement(p)
         row = await self.conn.fetchrow(statement, *args)
-        stats = CorpusStats.from_totals(row["n"], row["total"], dict(zip(row["df_terms"] or (), row["df_values"] or ())))
+        stats = CorpusStats.from_totals(row["n"], row["total"],
+                                        dict(zip(row["df_terms"] or (), row["df_values"] or ())))
         return stats, list(row["ranked"] or ())
 
     def lexical_statement(self, p: Pool) -> tuple[str, tuple[Any, ...]]:

@@ -20,8 +20,8 @@ Agents:
   nothing written anywhere, counted (`context_engine_log_records_refused_total`) and logged by
   position only; and every record the worker writes (events, jobs) is signed.
 - a timer sweeps work asked for and not done (indexing still requested, chunks without a vector,
-  memory whose PII scan is still pending: a job lost in a crash): everything at start, then every `SWEEP_INTERVAL_S` what
-  is older than `SWEEP_MIN_AGE_S`.
+  memory whose PII scan is still pending: a job lost in a crash): everything at start, then
+  every `SWEEP_INTERVAL_S` what is older than `SWEEP_MIN_AGE_S`.
 
 Timeouts follow what measured well on the bundled broker (shared/ENVIRONMENT.md): a short
 session timeout and heartbeat make a worker ready in ~3 s after a start or a crash. The bundled

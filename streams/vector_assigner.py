@@ -69,7 +69,8 @@ class VectorAssigner:
         """Returns how many chunks got a vector; 0 when it gave up (the note stays)."""
         for attempt in range(1, self.attempts + 1):
             try:
-                async with org_transaction(self.pool, org_id, local={"lock_timeout": f"{self.lock_timeout_ms}ms"}) as conn:
+                lock_timeout = {"lock_timeout": f"{self.lock_timeout_ms}ms"}
+                async with org_transaction(self.pool, org_id, local=lock_timeout) as conn:
                     return await assign_vectors_recorded_by(conn, org_id, event_id)
             except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError):
                 await asyncio.sleep(self.retry_after_s * attempt)

@@ -43,7 +43,8 @@ def _records(settings: Settings, source_name: str | None, on_total, on_refused=N
 
 def replay(
     into: Annotated[Optional[str], typer.Option(
-        help="PostgreSQL URL of an empty database to rebuild into (default: a new database beside the live one)")] = None,
+        help="PostgreSQL URL of an empty database to rebuild into "
+             "(default: a new database beside the live one)")] = None,
     source_name: SourceOption = None,
     data_dir: DataDir = None,
 ) -> None:

@@ -130,7 +130,8 @@ class TrustSet:
             if not trusted:
                 log.warning("no trusted guardrail key: every layer is refused and none is served",
                             entries=list(self.entries),
-                            hint="run `context-engine guardrail key` (or `up`), or set CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS")
+                            hint="run `context-engine guardrail key` (or `up`), "
+                                 "or set CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS")
 
     def _look(self, f: _File, now: float) -> None:
         try:

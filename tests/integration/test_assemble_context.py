@@ -54,7 +54,8 @@ async def test_prompt_layout_prefix_and_attestation(assembly_org):
     prompt = reply.assembled_prompt
     layers = (await caller("ResolveGuardrailLayers", pb.ResolveGuardrailLayersRequest())).layers
     assert [x.content_hash for x in layers if x.layer_level >= 2] == [l2, l3]
-    assert prompt.index(f"support agent of {org}") < prompt.index("Team: answer briefly.") < prompt.index("## Retrieved")
+    assert (prompt.index(f"support agent of {org}") < prompt.index("Team: answer briefly.")
+            < prompt.index("## Retrieved"))
     assert reply.cache_prefix_bytes == len(prompt.encode()[:reply.cache_prefix_bytes])
     assert prompt.encode()[:reply.cache_prefix_bytes].decode().endswith("Team: answer briefly.\n\n")
     assert reply.prompt_id == hashlib.sha256(prompt.encode()).hexdigest()
@@ -170,7 +171,8 @@ async def test_savings_are_sampled_and_aggregated(engine):
     await ingest(caller, "s", [f"user: line {i} " + "filler words " * 20 for i in range(30)])
     reply = await assemble(caller, session="s", task="line 3", budget=300)
     assert reply.baseline_tokens > reply.assembled_tokens > 0
-    assert reply.savings_ratio == pytest.approx((reply.baseline_tokens - reply.assembled_tokens) / reply.baseline_tokens)
+    assert reply.savings_ratio == pytest.approx(
+        (reply.baseline_tokens - reply.assembled_tokens) / reply.baseline_tokens)
     # The naive prompt counts every visible chunk once: a turn of another session adds its tokens
     # to the corpus part, a turn of the caller's own session to the history part only.
     elsewhere, here = "user: a line of another session" + " more words" * 10, "user: one more line here"

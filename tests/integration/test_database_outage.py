@@ -37,7 +37,8 @@ def every_rpc(caller, version: str, event_id: str):
             session_id="s", memory_type="semantic", content=b"{}")),
         "PullContext": lambda: caller("PullContext", pb.PullContextRequest(agent_id="bot")),
         "PullContext session": lambda: caller("PullContext", pb.PullContextRequest(agent_id="bot", session_id="s")),
-        "CreateSnapshot": lambda: caller("CreateSnapshot", pb.CreateSnapshotRequest(session_id="s", snapshot_name="v9")),
+        "CreateSnapshot": lambda: caller("CreateSnapshot", pb.CreateSnapshotRequest(
+            session_id="s", snapshot_name="v9")),
         "RollbackContext": lambda: caller("RollbackContext", pb.RollbackContextRequest(
             session_id="s", target_version_hash=version)),
         "AssembleContext": lambda: caller("AssembleContext", pb.AssembleContextRequest(

@@ -314,7 +314,8 @@ async def test_apply_batch_dispatches_guardrail_events(conn: asyncpg.Connection,
     forged = [layer_event(2, "forged", org, key=stranger), layer_event(2, "v2", org, content="tampered"),
               dataclasses.replace(events[0], event_id=str(uuid.uuid4()))]
     before = await table_counts(conn)
-    refused = await apply_batch(conn, [LogRecord("guardrail-test", 0, 10 + i, e.to_bytes()) for i, e in enumerate(forged)])
+    refused = await apply_batch(
+        conn, [LogRecord("guardrail-test", 0, 10 + i, e.to_bytes()) for i, e in enumerate(forged)])
     assert [r.outcome for r in refused] == [REJECTED_UNTRUSTED_KEY, REJECTED_BAD_SIGNATURE, REJECTED_STALE]
     assert await table_counts(conn) == before
     assert await conn.fetchval("SELECT count(*) FROM event_archive WHERE event_id = ANY($1::uuid[])",
@@ -337,7 +338,8 @@ async def test_l1_is_visible_to_every_org(conn: asyncpg.Connection, app_pool, pl
             orgs = {r["org_id"] for r in await c.fetch("SELECT DISTINCT org_id FROM guardrail_layers")}
             assert orgs == {PLATFORM_ORG, org}
             assert await c.fetchval("SELECT count(*) FROM guardrail_rejections WHERE org_id <> $1", org) == 0
-            hashes = await layers_by_hash(c, Scope(org), [content_sha256(platform_l1), content_sha256(f"rules of {other}")],
+            hashes = await layers_by_hash(c, Scope(org),
+                                          [content_sha256(platform_l1), content_sha256(f"rules of {other}")],
                                           trusted=TRUSTED)
             assert list(hashes) == [content_sha256(platform_l1)] and hashes[content_sha256(platform_l1)].level == 1
 
@@ -482,7 +484,8 @@ async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str, tmp
             assert first.fingerprint == fingerprint(KEY) and first.event_id
             again = await publish_guardrail(PublishGuardrail(3, owner, "Quote prices in EUR.\n"), **publish)
             assert (again.version, again.unchanged, again.event_id) == (1, True, "")
-            forced = await publish_guardrail(PublishGuardrail(3, owner, "Quote prices in EUR.\n", force=True), **publish)
+            forced = await publish_guardrail(PublishGuardrail(3, owner, "Quote prices in EUR.\n", force=True),
+                                             **publish)
             assert (forced.version, forced.unchanged) == (2, False)
             assert forced.effective_at_ms > first.effective_at_ms
             changed = await publish_guardrail(PublishGuardrail(3, owner, "Quote prices in EUR or GBP.\n"),

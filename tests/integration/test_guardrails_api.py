@@ -29,7 +29,8 @@ async def publish(engine, tmp_path, level: int, text: str, *scope_args: str) -> 
 async def test_publish_resolve_and_validate(engine, tmp_path):
     org = unique("org")
     l2 = await publish(engine, tmp_path, 2, f"Org policy of {org}: never share customer data.", "--org", org)
-    l3 = await publish(engine, tmp_path, 3, "Team rule: answer in English.", "--org", org, "--pillar", "p", "--team", "t")
+    l3 = await publish(engine, tmp_path, 3, "Team rule: answer in English.",
+                       "--org", org, "--pillar", "p", "--team", "t")
     l3_v2 = await publish(engine, tmp_path, 3, "Team rule: answer in English or Irish.",
                           "--org", org, "--pillar", "p", "--team", "t")
 

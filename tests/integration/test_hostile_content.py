@@ -128,8 +128,10 @@ async def test_metadata_postgresql_cannot_hold_is_refused_before_the_append(engi
     org = unique("meta")
     caller = engine.caller(org, clearance=1)
     for method, request in (
-            ("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message", content=b"x", metadata=metadata)),
-            ("PushContext", pb.PushContextRequest(session_id="s", memory_type="semantic", content=b"x", metadata=metadata))):
+            ("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message", content=b"x",
+                                                  metadata=metadata)),
+            ("PushContext", pb.PushContextRequest(session_id="s", memory_type="semantic", content=b"x",
+                                                  metadata=metadata))):
         err = await expect_error(grpc.StatusCode.INVALID_ARGUMENT, caller(method, request), field=field)
         assert "\x00" not in err.details()
     assert await archived_count(engine, org) == 0
@@ -162,7 +164,7 @@ async def test_a_record_nobody_can_apply_takes_no_other_tenants_event_with_it(en
             keys.setdefault(partition_for(f"poison/{i}".encode(), partitions), f"poison/{i}".encode())
 
         async def attack() -> None:
-            for round_ in range(5):
+            for _round in range(5):
                 for p, key in sorted(keys.items()):
                     for raw in poison:
                         await producer.send(topic, raw, key=key, partition=p, headers=signer.headers(topic, key, raw))

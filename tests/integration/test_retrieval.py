@@ -268,7 +268,8 @@ async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: in
     terms = analyze(query)
     now = dt.datetime.now(dt.UTC)
     conn = await asyncpg.connect(engine.settings.database_url)
-    retriever = _Retriever(conn, Scope(org, "p", "t", "bot"), "", terms, None, "", None, floor, top_k)  # the corpus's caller
+    # the corpus's caller
+    retriever = _Retriever(conn, Scope(org, "p", "t", "bot"), "", terms, None, "", None, floor, top_k)
     try:
         await register_vector(conn)
         async with conn.transaction():
@@ -276,14 +277,16 @@ async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: in
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
             stats, _ranked = await retriever._lexical_leg(Pool(bm25_k=50))
             vector, model, ids = await conn.fetchrow(
-                "SELECT (array_agg(embedding ORDER BY chunk_id))[1], max(embedding_model), array_agg(chunk_id) FROM chunks")
+                "SELECT (array_agg(embedding ORDER BY chunk_id))[1], max(embedding_model), array_agg(chunk_id) "
+                "FROM chunks")
             distinct = list(retriever.term_counts)
             args = (org, vector, model, scopes or retriever.scopes, "", vector_k, ids, distinct,
                     [stats.idf(t) * n for t, n in retriever.term_counts.items()], stats.avgdl,
                     query_idf_mass(terms, stats), now, floor, top_k)
             plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + _fused(384), *args) if explain else None
             rows = await conn.fetch(_fused(384), *args)
-            postings = {r["chunk_id"]: dict(zip(r["terms"], r["tfs"])) | {"": r["doc_length"]} for r in await conn.fetch(
+            postings = {r["chunk_id"]: dict(zip(r["terms"], r["tfs"])) | {"": r["doc_length"]}
+                        for r in await conn.fetch(
                 "SELECT chunk_id, array_agg(term) AS terms, array_agg(tf) AS tfs, max(doc_length) AS doc_length "
                 "FROM chunk_terms WHERE term = ANY($1::text[]) GROUP BY chunk_id", distinct)}
     finally:
@@ -468,7 +471,8 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
             "FROM chunks WHERE org_id = $1 ORDER BY chunk_id",
             "SELECT term, chunk_id, tf, impact FROM chunk_terms WHERE org_id = $1 ORDER BY term, chunk_id",
             "SELECT scope_path, domain, term, df FROM term_stats WHERE org_id = $1 ORDER BY 1, 2, 3",
-            "SELECT scope_path, domain, n_docs, total_length, token_total FROM corpus_stats WHERE org_id = $1 ORDER BY 1, 2",
+            "SELECT scope_path, domain, n_docs, total_length, token_total FROM corpus_stats WHERE org_id = $1 "
+            "ORDER BY 1, 2",
         ]
         live, rebuilt = await asyncpg.connect(settings.database_url), await asyncpg.connect(target)
         try:
@@ -481,7 +485,8 @@ async def test_replay_restores_chunks_and_vectors_without_an_embedder(corpus, en
             # the primary key as a constraint.
             index_defs = ("SELECT indexname, indexdef FROM pg_indexes WHERE tablename IN ('chunks', 'chunk_terms') "
                           "ORDER BY 1")
-            assert [tuple(r) for r in await rebuilt.fetch(index_defs)] == [tuple(r) for r in await live.fetch(index_defs)]
+            assert ([tuple(r) for r in await rebuilt.fetch(index_defs)]
+                    == [tuple(r) for r in await live.fetch(index_defs)])
             assert {"chunks_embedding_384", "chunk_terms_impact", "chunk_terms_pkey"} <= {
                 r["indexname"] for r in await rebuilt.fetch(index_defs)}
             assert await rebuilt.fetchval("SELECT count(*) FROM pg_constraint "
@@ -526,7 +531,8 @@ async def test_term_statistics_follow_rollbacks(engine):
             for sql in ("SELECT scope_path, domain, term, df FROM term_stats WHERE org_id = $1 ORDER BY 1, 2, 3",
                         "SELECT scope_path, domain, n_docs, total_length, token_total FROM corpus_stats "
                         "WHERE org_id = $1 ORDER BY 1, 2"):
-                assert [tuple(r) for r in await rebuilt.fetch(sql, org)] == [tuple(r) for r in await live.fetch(sql, org)]
+                assert ([tuple(r) for r in await rebuilt.fetch(sql, org)]
+                        == [tuple(r) for r in await live.fetch(sql, org)])
         finally:
             await live.close()
             await rebuilt.close()

@@ -194,7 +194,8 @@ async def test_versions_follow_the_hash_chain_in_log_order(conn: asyncpg.Connect
     archived = await in_org(conn, org, queries.archived_event, first.event_id)
     assert archived.raw == first.to_bytes() and archived.decode() == first
     assert (await in_org(conn, org, queries.memory_by_event_id, events[4].event_id)).content == b"memory 4"
-    assert (archived.topic, archived.partition, archived.offset) == (records[0].topic, records[0].partition, records[0].offset)
+    assert ((archived.topic, archived.partition, archived.offset)
+            == (records[0].topic, records[0].partition, records[0].offset))
     assert await in_org(conn, org, queries.applied_event_ids, [e.event_id for e in events[:3]] + [str(uuid.uuid4())]) \
         == {e.event_id for e in events[:3]}
 
@@ -202,7 +203,8 @@ async def test_versions_follow_the_hash_chain_in_log_order(conn: asyncpg.Connect
     latest = await in_org(conn, org, queries.latest_memory, "bot-1", "s2", visible)
     assert latest.content == b"memory 19" and latest.memory_type == "semantic" and latest.seq == 7
     assert (await in_org(conn, org, queries.latest_memory, "bot-1", None, visible)).content == b"memory 29"
-    assert await in_org(conn, org, queries.latest_memory, "bot-1", "s2", Visibility.of(Scope(org))) is None  # owned below org
+    # owned below org
+    assert await in_org(conn, org, queries.latest_memory, "bot-1", "s2", Visibility.of(Scope(org))) is None
     assert await in_org(conn, org, queries.latest_memory, "bot-2", "s2", visible) is None
 
     assert (await load_offsets(conn))[(log.topic, records[-1].partition)] == log.next[records[-1].partition] - 1
@@ -341,10 +343,12 @@ async def test_content_with_nul_and_binary_bytes_is_stored_verbatim(conn: asyncp
     for c in contents:
         ev = ingest(org, "s", "x")
         events.append(Event(ev.type, ev.scope, ev.aggregate, ev.actor,
-                            {**ev.payload, "content_b64": base64.b64encode(c).decode(), "content_sha256": sha256_hex(c)}))
+                            {**ev.payload, "content_b64": base64.b64encode(c).decode(),
+                             "content_sha256": sha256_hex(c)}))
     assert [a.outcome for a in await apply_batch(conn, log.append(*events))] == [Outcome.APPLIED] * 3
     rows = await conn.fetch("SELECT e.content, array_agg(c.content) FILTER (WHERE c.content IS NOT NULL) AS chunks "
-                            "FROM session_events e LEFT JOIN chunks c ON c.org_id = e.org_id AND c.source_event_id = e.event_id "
+                            "FROM session_events e LEFT JOIN chunks c "
+                            "ON c.org_id = e.org_id AND c.source_event_id = e.event_id "
                             "WHERE e.org_id = $1 GROUP BY e.event_id, e.seq ORDER BY e.seq", org)
     assert [r["content"] for r in rows] == contents
     assert [r["chunks"] for r in rows] == [["a b c"], None, ["naïve   bell"]]
@@ -434,12 +438,14 @@ async def test_rollback_deactivates_later_items_and_chains_from_the_target(conn:
     assert (r.outcome, r.version, r.seq) == (Outcome.APPLIED, v[2], 2)
     items = await in_org(conn, org, queries.session_items, "s")
     assert [(i.seq, i.active, i.rolled_back_by) for i in items] == [
-        (1, True, None), (2, True, None), (3, False, back.event_id), (4, False, back.event_id), (5, False, back.event_id)]
+        (1, True, None), (2, True, None),
+        (3, False, back.event_id), (4, False, back.event_id), (5, False, back.event_id)]
     assert [i.seq for i in await in_org(conn, org, queries.session_items, "s", active_only=True)] == [1, 2]
     assert not (await in_org(conn, org, queries.event_by_id, events[2].event_id)).active
     assert await in_org(conn, org, queries.latest_memory, "bot-1", "s", visible) is None
     session = await in_org(conn, org, queries.get_session, "s")
-    assert (session.version, session.seq, session.active_count, session.item_count, session.max_seq) == (v[2], 2, 2, 5, 5)
+    assert ((session.version, session.seq, session.active_count, session.item_count, session.max_seq)
+            == (v[2], 2, 2, 5, 5))
 
     # The next item chains from the target, with a fresh seq; the rolled-back items stay.
     e6, e7 = ingest(org, "s", "e6"), ingest(org, "s", "e7")
@@ -871,7 +877,8 @@ async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it
         fresh = await asyncpg.connect(replay_url)
         try:
             archived = [LogRecord(r["topic"], r["partition"], r["offset"], bytes(r["raw"])) for r in await conn.fetch(
-                'SELECT topic, partition, "offset", raw FROM event_archive WHERE org_id = $1 ORDER BY archive_seq', org)]
+                'SELECT topic, partition, "offset", raw FROM event_archive WHERE org_id = $1 '
+                'ORDER BY archive_seq', org)]
             await apply_batch(fresh, archived, bulk=BulkLoad(copy=False))
             async with fresh.transaction():
                 await fresh.execute("SELECT set_config('app.org_id', $1, true)", org)

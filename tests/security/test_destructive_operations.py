@@ -73,7 +73,7 @@ async def test_rollback_from_every_level_on_every_owner(quiet_engine, sessions) 
     assert [r for r in refused if not r[2]] == []
     assert len(refused) == len(levels) ** 2 - len(levels) and len(allowed) == len(levels)
     # The owner itself may, and then the second turn is gone from what it reads.
-    for owner_level, (owner, session, target, second) in owned.items():
+    for owner, session, target, second in owned.values():
         assert await _rollback(quiet_engine, owner, session, target) == (grpc.StatusCode.OK, "")
         assert second not in await _history(quiet_engine, owner, session)
 

@@ -108,7 +108,8 @@ class Host:
         url = f"http://127.0.0.1:{self.engine.settings.worker_metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as reply:
             text = reply.read().decode()
-        found = re.search(rf'^context_engine_guardrail_layers_refused_total\{{outcome="{outcome}"\}} (\S+)$', text, re.M)
+        pattern = rf'^context_engine_guardrail_layers_refused_total\{{outcome="{outcome}"\}} (\S+)$'
+        found = re.search(pattern, text, re.M)
         return float(found.group(1)) if found else 0.0
 
     async def seen_by(self, caller: Scope) -> tuple[set[str], str]:

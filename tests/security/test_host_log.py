@@ -62,7 +62,8 @@ MARKER = f"FORGED-{uuid.uuid4().hex}"  # in every forged content: must never rea
 async def log_engine(postgres_url, kafka_bootstrap, tmp_path_factory):
     """A deployment of this module's own: its keyring is rotated below, its worker's metrics are
     read, and it samples no savings (nothing but a request or a job writes a row)."""
-    async with quiet_deployment(postgres_url, kafka_bootstrap, tmp_path_factory.mktemp("host-log-home")) as (running, _):
+    home = tmp_path_factory.mktemp("host-log-home")
+    async with quiet_deployment(postgres_url, kafka_bootstrap, home) as (running, _):
         yield running
 
 

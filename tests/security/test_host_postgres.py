@@ -688,7 +688,8 @@ def _earlier_release_home(home: pathlib.Path) -> None:
             if path.name < "0016":
                 shutil.copy(path, old_migrations / path.name)
         asyncio.run(migrate(url, directory=old_migrations))
-        asyncio.run(_run(url, "CREATE TABLE kept_across_the_upgrade (x int); INSERT INTO kept_across_the_upgrade VALUES (42)"))
+        asyncio.run(_run(url, "CREATE TABLE kept_across_the_upgrade (x int); "
+                              "INSERT INTO kept_across_the_upgrade VALUES (42)"))
         assert "trust" in (home / "postgres" / "pg_hba.conf").read_text()
     finally:
         old.stop()

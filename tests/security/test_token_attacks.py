@@ -194,7 +194,8 @@ async def test_every_token_attack_is_refused_and_writes_nothing(settled_engine) 
 async def test_the_genuine_token_still_writes(settled_engine) -> None:
     """The control: the same request with a well-formed token of the deployment is accepted."""
     key = ensure_dev_key(settled_engine.settings.hs256_key_path)
-    reply = await _ingest(settled_engine, (("authorization", f"Bearer {jwt.encode(claims(), key, algorithm='HS256')}"),))
+    token = jwt.encode(claims(), key, algorithm="HS256")
+    reply = await _ingest(settled_engine, (("authorization", f"Bearer {token}"),))
     assert reply.event_id
 
 

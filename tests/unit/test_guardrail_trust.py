@@ -131,8 +131,9 @@ def test_a_missing_file_trusts_nothing_and_the_others_count(tmp_path: pathlib.Pa
     assert trusted_fingerprints(settings) == {fingerprint(good)}
 
 
-@pytest.mark.parametrize("contents", [b"", b"not a key", b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",
-                                      "ec", "private"], ids=["empty", "text", "broken pem", "an EC key", "a private key"])
+@pytest.mark.parametrize("contents", [
+    b"", b"not a key", b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n", "ec", "private",
+], ids=["empty", "text", "broken pem", "an EC key", "a private key"])
 def test_a_file_that_never_gave_a_key_leaves_no_trust_set(tmp_path: pathlib.Path, contents) -> None:
     """Not "trust the others": a prompt is not served without the layers that file's key signed."""
     if contents == "ec":

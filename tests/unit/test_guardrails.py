@@ -174,16 +174,19 @@ def test_a_wrong_key_does_not_verify() -> None:
     assert verify_layer(dataclasses.replace(layer, public_key=other, key_fingerprint=fingerprint(other))) \
         == "the Ed25519 signature does not verify"
     # The public key swapped without its fingerprint.
-    assert verify_layer(dataclasses.replace(layer, public_key=other)) == "key_fingerprint is not the SHA-256 of public_key"
+    assert verify_layer(dataclasses.replace(layer, public_key=other)) \
+        == "key_fingerprint is not the SHA-256 of public_key"
     # Signed by another key entirely, presented with this key.
     forged = _signed(Ed25519PrivateKey.generate())
     assert verify_layer(dataclasses.replace(forged, public_key=layer.public_key,
-                                            key_fingerprint=layer.key_fingerprint)) == "the Ed25519 signature does not verify"
+                                            key_fingerprint=layer.key_fingerprint)) \
+        == "the Ed25519 signature does not verify"
 
 
 @pytest.mark.parametrize("change", [
     {"level": 5}, {"level": "2"}, {"level": True}, {"signed_at_ms": -1}, {"signed_at_ms": 1.5},
-    {"content_sha256": "ABC"}, {"signature_b64": "not base64!"}, {"signature_b64": base64.b64encode(b"x" * 10).decode()},
+    {"content_sha256": "ABC"}, {"signature_b64": "not base64!"},
+    {"signature_b64": base64.b64encode(b"x" * 10).decode()},
     {"public_key_b64": base64.b64encode(b"x" * 31).decode()}, {"content": None}, {"scope_path": 7},
 ])
 def test_malformed_payloads_are_refused(change: dict) -> None:
@@ -204,11 +207,13 @@ def test_build_event_signs_for_the_owner_scope_and_keeps_signed_at_increasing() 
     assert ev.type == GUARDRAIL_PUBLISHED and ev.schema_version == 1
     assert ev.scope == Scope("acme", "sales", "emea") and ev.aggregate == "guardrail/acme/sales/emea/L3"
     layer = SignedLayer.from_payload(ev.payload)
-    assert verify_layer(layer) is None and (layer.level, layer.scope_path, layer.signed_at_ms) == (3, "acme/sales/emea", 1_000)
+    assert verify_layer(layer) is None
+    assert (layer.level, layer.scope_path, layer.signed_at_ms) == (3, "acme/sales/emea", 1_000)
     current = GuardrailLayerRow(3, "acme/sales/emea", 4, "old", content_sha256("old"), 5_000, fingerprint(key))
     later = SignedLayer.from_payload(build_event(key, command, actor="op", now_ms=1_000, current=current).payload)
     assert later.signed_at_ms == 5_001  # the clock had not passed the current version's
-    platform = build_event(key, PublishGuardrail(1, layer_scope(1), "Platform rules."), actor="op", now_ms=1, current=None)
+    platform = build_event(key, PublishGuardrail(1, layer_scope(1), "Platform rules."),
+                           actor="op", now_ms=1, current=None)
     assert platform.scope.org_id == PLATFORM_ORG and platform.aggregate == "guardrail/_platform/L1"
     with pytest.raises(InvalidArgument):
         build_event(key, PublishGuardrail(2, Scope("acme", "sales", "emea"), "x"), actor="op", now_ms=1, current=None)

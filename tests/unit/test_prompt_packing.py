@@ -33,10 +33,12 @@ def packed(budget: int, **overrides):
 def test_layout_prefix_and_order():
     p = packed(10_000)
     prefix = p.prompt.encode()[:p.prefix_bytes].decode()
-    assert prefix == SEPARATOR.join(["L1: be safe.", "L2: acme policy.", "## Pinned context", "Pinned fact one."]) + SEPARATOR
+    assert prefix == SEPARATOR.join(
+        ["L1: be safe.", "L2: acme policy.", "## Pinned context", "Pinned fact one."]) + SEPARATOR
     tail = p.prompt[len(prefix):]
     assert tail.startswith("## Retrieved context")
-    assert tail.index("retrieved chunk number 0") < tail.index("retrieved chunk number 4") < tail.index("## Recent conversation")
+    assert (tail.index("retrieved chunk number 0") < tail.index("retrieved chunk number 4")
+            < tail.index("## Recent conversation"))
     assert tail.index("user: turn 0") < tail.index("user: turn 9")  # history chronological
     assert p.tokens == count(p.prompt)
 

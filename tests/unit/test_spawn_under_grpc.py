@@ -1,8 +1,8 @@
 """Spawning children (the way the embedded stack does) while gRPC calls are in flight.
 
 gRPC core's fork handlers used to abort about one child in 150 here (grpc/grpc#43055); every
-entry point disables them (context_engine.embedded.process.disable_grpc_fork_handlers). The scenario runs in a fresh interpreter because the
-setting is read once, when gRPC initialises.
+entry point disables them (context_engine.embedded.process.disable_grpc_fork_handlers). The
+scenario runs in a fresh interpreter because the setting is read once, when gRPC initialises.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def test_a_cause_or_context_counts():
         try:
             raise pg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
         except pg.PostgresError:
-            raise KeyError("during cleanup")  # implicit context
+            raise KeyError("during cleanup")  # noqa: B904  # implicit context: the case under test
     except KeyError as outer:
         assert reason_of(outer) == DB
 
