@@ -14,6 +14,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 ENV_PREFIX = "CONTEXT_ENGINE_"
 
 
+def required(value: str | None, setting: str) -> str:
+    """The value of a setting (a `Settings` field name) the caller cannot go on without; a
+    ValueError naming its environment variable when it is unset."""
+    if value is None:
+        raise ValueError(f"{ENV_PREFIX}{setting.upper()} is not set")
+    return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 

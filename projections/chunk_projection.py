@@ -213,7 +213,7 @@ class ChunkProjection:
         if self.bulk and self.bulk.copy:
             self._to_copy = pending.terms  # after the batch: COPY cannot be a WITH clause
         else:
-            tcols = list(zip(*pending.terms)) if pending.terms else [[] for _ in _POSTING_COLUMNS]
+            tcols: list[Sequence[Any]] = list(zip(*pending.terms)) if pending.terms else [[] for _ in _POSTING_COLUMNS]
             batch.add(_INSERT_POSTINGS, self.org_id, *[list(c) for c in tcols[1:]])
         self._stage_statistics(batch, pending)
         return f"SELECT chunk_id, content_hash, awaiting_vector FROM {inserted}"
@@ -482,4 +482,4 @@ def _stat_deltas(signed_rows: Sequence[tuple[Any, int]]) -> list[tuple[str, str,
         d[0] += sign
         d[1] += sign * r["term_count"]
         d[2] += sign * r["token_count"]
-    return [(s, d, *totals) for (s, d), totals in deltas.items()]
+    return [(s, d, n, length, tokens) for (s, d), (n, length, tokens) in deltas.items()]

@@ -42,9 +42,10 @@ async def init_connection(conn: asyncpg.Connection) -> None:
         await register_vector(conn, schema=schema)
 
 
-async def create_pool(url: str, *, org_scoped: bool = True, min_size: int = 1, max_size: int = 10,
+async def create_pool(url: str | None, *, org_scoped: bool = True, min_size: int = 1, max_size: int = 10,
                       **kwargs: Any) -> asyncpg.Pool:
-    """A pool whose connections have the codecs of `init_connection`.
+    """A pool whose connections have the codecs of `init_connection`. `url` None: asyncpg's
+    defaults (libpq's PG* environment variables), as for a worker started without a database URL.
 
     org_scoped=True (the API) refuses a role that is superuser or has BYPASSRLS: row-level
     security is the last line of tenant isolation and must apply to every query."""

@@ -87,7 +87,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    outcome: str  # one of REJECTED
+    outcome: Outcome  # one of REJECTED
     detail: str
 
 
@@ -162,7 +162,7 @@ async def refuse_layers(conn: asyncpg.Connection, org_id: str, events: Sequence[
 
 
 async def apply_guardrail_published(conn: asyncpg.Connection, org_id: str, event: Event, *,
-                                    trusted: Collection[str] | None = None) -> str:
+                                    trusted: Collection[str] | None = None) -> Outcome:
     """Project one guardrail.published event (see the module docstring for the outcomes). A
     refused event writes nothing here either. `trusted`: as for refuse_layers."""
     if event.type != GUARDRAIL_PUBLISHED:

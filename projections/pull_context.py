@@ -28,8 +28,8 @@ async def read_memory(conn: asyncpg.Connection, org: str, agent_id: str, session
     (within `session_id` when given); NotFound when there is none the caller sees."""
     if snapshot_name:
         snapshot = await queries.snapshot_by_name(conn, org, session_id, snapshot_name, visible)
-        memory = snapshot and await queries.snapshot_memory(conn, org, snapshot, agent_id, visible)
-        if memory is None:
+        memory = None if snapshot is None else await queries.snapshot_memory(conn, org, snapshot, agent_id, visible)
+        if snapshot is None or memory is None:
             raise NotFound(f"no snapshot {snapshot_name!r} holding memory of agent "
                            f"{agent_id!r} in session {session_id!r}",
                            reason="SNAPSHOT_NOT_FOUND", metadata={"field": "snapshot_name"})

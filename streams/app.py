@@ -224,7 +224,8 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
             holder["assigner"] = VectorAssigner(db)
         return holder["assigner"]  # type: ignore[return-value]
 
-    @app.on_partitions_assigned.connect
+    # mode's SignalHandlerT allows only (sender, *args, signal=...); faust sends (sender, assigned, signal=...)
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def announce_projecting(sender, assigned, **_kwargs) -> None:
         partitions = sorted(tp.partition for tp in assigned if tp.topic == topics.events)
         if partitions:

@@ -206,6 +206,7 @@ class LogGuard:
         connection (restarted empty, or down). None: no answer in time, which on a loaded machine
         is usually just a slow answer."""
         try:
+            assert self._admin is not None  # start() makes it before it starts _watch, the one caller
             topics = await asyncio.wait_for(self._admin.describe_topics(None), PROBE_TIMEOUT_S)
         except asyncio.TimeoutError:
             return None

@@ -182,7 +182,8 @@ async def replay(records: AsyncIterator[list[LogRecord]], target_admin_url: str,
         async with pool.acquire() as conn:
             if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM event_archive)"):
                 raise RuntimeError("the target database already holds events; replay needs an empty one")
-            started, count, orgs = time.monotonic(), 0, set()
+            orgs: set[str] = set()
+            started, count = time.monotonic(), 0
             bulk = BulkLoad(copy=await conn.fetchval(
                 "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"))
             deferred = await _deferred_indexes(conn)
@@ -265,7 +266,9 @@ async def compare(live_url: str, rebuilt_url: str) -> list[Difference]:
             for key in sorted(want.keys() | have.keys()):
                 w, h = want.get(key), have.get(key)
                 if w != h:
-                    event = (w or h)[0]
+                    found = w or h
+                    assert found is not None  # the key is want's or have's
+                    event = found[0]
                     differences.append(Difference(event, f"{what} {key}", h[1] if h else "nothing",
                                                   w[1] if w else "nothing"))
         return differences

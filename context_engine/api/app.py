@@ -15,7 +15,7 @@ from commands.write_budget import WriteBudget
 from context_engine.api.context_servicer import ContextEngineServicer
 from context_engine.api.interceptors import Authentication
 from context_engine.auth import TokenVerifier
-from context_engine.config import Settings
+from context_engine.config import Settings, required
 from context_engine.metrics import serve_metrics
 from context_engine.serving.interceptors import ErrorsAndAccessLog
 from context_engine.serving.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
@@ -44,7 +44,8 @@ def api_database_url(settings: Settings) -> str:
     if settings.api_database_url:
         return settings.api_database_url
     path = settings.app_password_path  # written by `up` (supervisor), set by migrate
-    return app_url(settings.database_url, APP_ROLE, path.read_text().strip() if path.exists() else None)
+    return app_url(required(settings.database_url, "database_url"), APP_ROLE,
+                   path.read_text().strip() if path.exists() else None)
 
 
 @contextlib.asynccontextmanager
@@ -52,6 +53,7 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
     if not settings.database_url or not settings.kafka_bootstrap:
         raise RuntimeError("the API needs CONTEXT_ENGINE_DATABASE_URL and CONTEXT_ENGINE_KAFKA_BOOTSTRAP "
                            "(`context-engine up` sets both)")
+    bootstrap = settings.kafka_bootstrap
     topics = LogTopics.from_settings(settings)
     # Appends are held until the topics exist and the log holds the whole archive: a produce
     # that reaches a fresh broker before its topic exists is lost (shared/ENVIRONMENT.md).
@@ -60,13 +62,13 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
     security, signer = client_security(settings), signer_from_settings(settings)
 
     async def recover() -> None:
-        await ensure_topics(settings.kafka_bootstrap, topics.partitions, security=security)
+        await ensure_topics(bootstrap, topics.partitions, security=security)
         if settings.restore_log_from_archive:
-            await restore_if_behind(settings.kafka_bootstrap, topics.events, admin, signer=signer, security=security)
+            await restore_if_behind(bootstrap, topics.events, admin, signer=signer, security=security)
 
     url = api_database_url(settings)
     pool = await create_pool(url, min_size=2, max_size=16)
-    event_log = EventLog(settings.kafka_bootstrap, topics, recover, signer=signer, security=security,
+    event_log = EventLog(bootstrap, topics, recover, signer=signer, security=security,
                          hold_timeout=settings.ack_timeout_seconds,
                          max_record_bytes=record_bytes_limit(settings.max_content_bytes))
     watch = ArchiveWatch(url, pool)

@@ -10,6 +10,7 @@ import typer
 
 from context_engine.cli.options import DataDir, parse_duration
 from context_engine.cli.settings import admin_pool, stack_settings
+from context_engine.config import required
 
 
 def reindex(
@@ -39,7 +40,8 @@ def reindex(
     async def go() -> bool:
         async with admin_pool(settings) as pool:
             before = await reindexing.progress(pool, scope, model)
-            await reindexing.request(settings.kafka_bootstrap, LogTopics.from_settings(settings), scope,
+            await reindexing.request(required(settings.kafka_bootstrap, "kafka_bootstrap"),
+                                     LogTopics.from_settings(settings), scope,
                                      old_model_version=before.previous_model, new_model_version=model,
                                      initiated_by=f"cli:{os.environ.get('USER', 'operator')}",
                                      signer=signer_from_settings(settings), security=client_security(settings))

@@ -9,7 +9,7 @@ import typer
 
 from context_engine.cli.options import DataDir
 from context_engine.cli.settings import stack_settings
-from context_engine.config import Settings
+from context_engine.config import Settings, required
 
 
 def _progress(description: str):
@@ -36,8 +36,9 @@ def _records(settings: Settings, source_name: str | None, on_total, on_refused=N
     from streams.topics import LogTopics
 
     name = source_name or ("archive" if settings.restore_log_from_archive else "log")
-    return source(name, bootstrap=settings.kafka_bootstrap, topic=LogTopics.from_settings(settings).events,
-                  admin_url=settings.database_url, verifier=verifier_from_settings(settings),
+    return source(name, bootstrap=required(settings.kafka_bootstrap, "kafka_bootstrap"),
+                  topic=LogTopics.from_settings(settings).events,
+                  admin_url=required(settings.database_url, "database_url"), verifier=verifier_from_settings(settings),
                   security=client_security(settings), on_total=on_total, on_refused=on_refused)
 
 

@@ -8,7 +8,7 @@ import pathlib
 
 import typer
 
-from context_engine.config import ENV_PREFIX, Settings
+from context_engine.config import ENV_PREFIX, Settings, required
 
 
 def command_settings(**overrides: object) -> Settings:
@@ -42,7 +42,8 @@ async def admin_pool(settings: Settings):
     sets app.org_id)."""
     from projections.database import create_pool
 
-    pool = await create_pool(settings.database_url, org_scoped=False, min_size=1, max_size=1)
+    pool = await create_pool(required(settings.database_url, "database_url"), org_scoped=False, min_size=1,
+                             max_size=1)
     try:
         yield pool
     finally:

@@ -105,8 +105,13 @@ async def wait_for_termination_signal() -> str:
     """Block until SIGTERM or SIGINT; returns the signal's name."""
     loop = asyncio.get_running_loop()
     received: asyncio.Future[str] = loop.create_future()
+
+    def deliver(name: str) -> None:
+        if not received.done():
+            received.set_result(name)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda s=sig: received.done() or received.set_result(s.name))
+        loop.add_signal_handler(sig, deliver, sig.name)
     try:
         return await received
     finally:

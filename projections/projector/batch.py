@@ -128,33 +128,38 @@ async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[
                        events: Sequence[Event | None], indexes: list[int],
                        results: list[Applied | None], bulk: BulkLoad | None) -> None:
     """Archive one org's records of the batch and apply the fresh ones, in log order."""
+    decoded: dict[int, Event] = {}
+    for i in indexes:
+        event = events[i]
+        assert event is not None  # apply_batch groups the decoded events only
+        decoded[i] = event
     # A guardrail layer the projection refuses (an untrusted key, a bad signature...) is neither
     # archived nor applied: the refusal writes nothing (projections/guardrail_projection.py).
-    if refused := await refuse_layers(conn, org_id, [events[i] for i in indexes]):
+    if refused := await refuse_layers(conn, org_id, [decoded[i] for i in indexes]):
         for i in indexes:
-            if (why := refused.get(events[i].event_id)) is not None:
-                results[i] = applied(records[i], events[i], why.outcome)
-        indexes = [i for i in indexes if events[i].event_id not in refused]
-    fresh = await archive(conn, org_id, [(records[i], events[i]) for i in indexes])
+            if (why := refused.get(decoded[i].event_id)) is not None:
+                results[i] = applied(records[i], decoded[i], why.outcome)
+        indexes = [i for i in indexes if decoded[i].event_id not in refused]
+    fresh = await archive(conn, org_id, [(records[i], decoded[i]) for i in indexes])
     org = OrgApplier(conn, org_id, bulk)
     todo = []
     for i in indexes:
-        eid = str(uuid.UUID(events[i].event_id))  # as the archive returns it
+        eid = str(uuid.UUID(decoded[i].event_id))  # as the archive returns it
         if eid in fresh:
             fresh.discard(eid)  # a repeat later in this batch is a duplicate
             todo.append(i)
         else:
-            results[i] = applied(records[i], events[i], Outcome.DUPLICATE)
-    await org.load_sessions({sid for i in todo if (sid := session_id_of(events[i]))})
+            results[i] = applied(records[i], decoded[i], Outcome.DUPLICATE)
+    await org.load_sessions({sid for i in todo if (sid := session_id_of(decoded[i]))})
     await org.load_idempotency_keys(
-        {(sid, events[i].scope.path, k) for i in todo if events[i].type == EVENT_INGESTED
-         and (sid := session_id_of(events[i])) and (k := idempotency_key_of(events[i]))})
+        {(sid, decoded[i].scope.path, k) for i in todo if decoded[i].type == EVENT_INGESTED
+         and (sid := session_id_of(decoded[i])) and (k := idempotency_key_of(decoded[i]))})
     for i in todo:
         try:
-            results[i] = await org.apply(records[i], events[i])
+            results[i] = await org.apply(records[i], decoded[i])
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise ProjectionError(f"cannot project {where(records[i])} "
-                                  f"({events[i].type} {events[i].event_id}): {exc!r}") from exc
+                                  f"({decoded[i].type} {decoded[i].event_id}): {exc!r}") from exc
     await org.finish()
     if not bulk:
         _ask_for_indexing(org, indexes, results)

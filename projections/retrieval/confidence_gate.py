@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar, overload
 
 from projections.retrieval import recipe
 
@@ -110,9 +110,19 @@ def retrieve_with_gate(retrieve: Callable[[Pool], Sequence], threshold: float,
     return GateResult(retrieve(wide), wide, True)
 
 
+@overload
+async def retrieve_with_gate_async(retrieve: Callable[[Pool], Awaitable[Sequence[Any]]], threshold: float,
+                                   pool: Pool = ...) -> GateResult: ...
+
+
+@overload
 async def retrieve_with_gate_async(retrieve: Callable[[Pool], Awaitable[T]], threshold: float,
+                                   pool: Pool = ..., *, top_score: Callable[[T], float | None]) -> GateResult: ...
+
+
+async def retrieve_with_gate_async(retrieve: Callable[[Pool], Awaitable[Any]], threshold: float,
                                    pool: Pool = DEFAULT_POOL, *,
-                                   top_score: Callable[[T], float | None] = _top) -> GateResult:
+                                   top_score: Callable[[Any], float | None] = _top) -> GateResult:
     """:func:`retrieve_with_gate` for an async retriever. A pass need not be the candidates
     themselves: ``top_score`` reads its top fused score (the candidates' highest by default)."""
     first = await retrieve(pool)
