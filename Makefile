@@ -26,6 +26,8 @@ up: install
 
 test: install-dev
 	$(PY) proto/generate.py --check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest
 
 unit: install-dev
