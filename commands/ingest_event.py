@@ -15,7 +15,6 @@ Client keys may not start with SERVER_KEY_PREFIX except in exactly the form the 
 from __future__ import annotations
 
 import asyncio
-import base64
 from dataclasses import dataclass
 
 from commands.deps import Deps
@@ -24,7 +23,7 @@ from commands.write_budget import write_bytes
 from context_engine import validation
 from context_engine.auth import Principal
 from context_engine.errors import FailedPrecondition, InvalidArgument
-from context_engine.events import Event, EventIngested, SessionRef
+from context_engine.events import Event, EventIngested, SessionRef, content_b64
 from context_engine.hashing import sha256_hex
 from inference.tokens import count_tokens
 from projections import queries
@@ -101,7 +100,7 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
     org = principal.scope.org_id
     session = SessionRef(org, command.session_id)
     body = EventIngested(session_id=command.session_id, event_type=command.event_type,
-                         content_b64=base64.b64encode(command.content).decode(), metadata=metadata,
+                         content_b64=content_b64(command.content), metadata=metadata,
                          content_sha256=sha256_hex(command.content),
                          token_count=await _token_count(command.content), idempotency_key=client_key)
     event = Event.of(body, scope=principal.scope, actor=principal.subject, aggregate=session.aggregate,

@@ -9,7 +9,6 @@ again, and the archive keeps one event per id: it returns the first version if t
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import uuid
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from commands.session_access import session_claimed_elsewhere
 from commands.write_budget import write_bytes
 from context_engine import validation
 from context_engine.auth import Principal
-from context_engine.events import Event, MemoryPushed, SessionRef
+from context_engine.events import Event, MemoryPushed, SessionRef, content_b64
 from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
 from projections import queries
@@ -66,7 +65,7 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
     if client_key:
         retried_id = pushed_event_id(principal.scope, command.session_id, client_key)
     body = MemoryPushed(session_id=command.session_id, agent_id=principal.scope.agent_id,
-                        memory_type=command.memory_type, content_b64=base64.b64encode(command.content).decode(),
+                        memory_type=command.memory_type, content_b64=content_b64(command.content),
                         metadata=metadata, content_sha256=sha256_hex(command.content))
     event = Event.of(body, scope=principal.scope, actor=principal.subject, aggregate=session.aggregate,
                      **({"event_id": retried_id} if retried_id else {}))

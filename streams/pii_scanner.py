@@ -18,16 +18,16 @@ Scans asked for and not done are found again from the read model (`backlog`): me
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 from collections.abc import Awaitable, Callable
 
 import asyncpg
 import structlog
 
-from context_engine.events import Event, MemoryScrubbed, decode
+from context_engine.events import Event, MemoryPushed, MemoryScrubbed, content_b64, decode
 from inference import pii_scrub
 from inference.pii_client import PiiClient
+from projections import archive_reads, pii_scan_state
 from projections.database import org_transaction
 
 log = structlog.get_logger("context_engine.pii")
@@ -48,19 +48,18 @@ class PiiScanner:
     async def scan(self, org_id: str, memory_event_id: str) -> str | None:
         """Scan one pushed memory; returns the status recorded, None if there is no such memory."""
         async with org_transaction(self.pool, org_id, readonly=True) as conn:
-            raw = await conn.fetchval("SELECT raw FROM event_archive WHERE org_id = $1 AND event_id = $2",
-                                      org_id, memory_event_id)
+            raw = await archive_reads.archived_raw(conn, org_id, memory_event_id)
         if raw is None:
             return None
-        pushed = decode(bytes(raw))
-        content = base64.b64decode(pushed.payload["content_b64"])
+        pushed = decode(raw)
+        content = MemoryPushed.from_payload(pushed.payload).content
         result = await pii_scrub.scrub_content(content, self.client.detect)
         status = STATUS_OF_SCRUB[result.status]
         if status == "quarantined":
             log.warning("pii scan fell back to regex; memory quarantined", org_id=org_id,
                         memory_event_id=memory_event_id, reason=result.fallback_reason)
         scrubbed = MemoryScrubbed(memory_event_id=pushed.event_id,
-                                  content_b64=base64.b64encode(result.content).decode("ascii"), status=status,
+                                  content_b64=content_b64(result.content), status=status,
                                   spans_by_class=dict(result.spans_by_class),
                                   detector_version=result.detector_version, fallback_reason=result.fallback_reason)
         await self.send(Event.of(scrubbed, scope=pushed.scope, aggregate=pushed.aggregate, actor=ACTOR))
@@ -70,12 +69,9 @@ class PiiScanner:
                       org_id: str | None = None, limit: int = 1024) -> dict[str, list[str]]:
         """Pushed memory in these PII states (default: scans asked for and not done), by org."""
         async with org_transaction(self.pool, SYSTEM_ORG, readonly=True) as conn:
-            rows = await conn.fetch(
-                "SELECT org_id, event_id FROM memory_versions "
-                "WHERE pii_status = ANY($1::text[]) AND created_at < now() - $2::interval "
-                "  AND ($3::text IS NULL OR org_id = $3) ORDER BY created_at LIMIT $4",
-                list(statuses), older_than, org_id, limit)
+            rows = await pii_scan_state.memory_in_states(conn, statuses, older_than=older_than, org_id=org_id,
+                                                         limit=limit)
         out: dict[str, list[str]] = {}
-        for r in rows:
-            out.setdefault(r["org_id"], []).append(str(r["event_id"]))
+        for row_org, event_id in rows:
+            out.setdefault(row_org, []).append(event_id)
         return out

@@ -7,7 +7,17 @@ from .embedding import EmbeddingRecorded
 from .envelope import Event, EventDecodeError, canonical_bytes, decode
 from .guardrail import GuardrailPublished
 from .memory import MemoryPushed, MemoryScrubbed
-from .registry import BODY_TYPES, CURRENT_VERSIONS, UPCASTERS, EventBody, Payload, Upcaster, event_type
+from .registry import (
+                       BODY_TYPES,
+                       CURRENT_VERSIONS,
+                       UPCASTERS,
+                       EventBody,
+                       Payload,
+                       Upcaster,
+                       carried_content,
+                       content_b64,
+                       event_type,
+)
 from .session import CompactionThreshold, EventIngested, SessionRolledBack, SnapshotCreated
 
 EVENT_INGESTED = EventIngested.TYPE
@@ -24,6 +34,7 @@ __all__ = [
     "GUARDRAIL_PUBLISHED", "MEMORY_PUSHED", "MEMORY_SCRUBBED", "SESSION_ROLLED_BACK", "SNAPSHOT_CREATED",
     "UPCASTERS", "CompactionThreshold", "EmbeddingRecorded", "Event", "EventBody", "EventDecodeError",
     "EventIngested", "GuardrailPublished", "MemoryPushed", "MemoryScrubbed", "Payload", "SessionRef",
-    "SessionRolledBack", "SnapshotCreated", "Upcaster", "canonical_bytes", "decode", "embedding_aggregate",
+    "SessionRolledBack", "SnapshotCreated", "Upcaster", "canonical_bytes", "carried_content", "content_b64", "decode",
+    "embedding_aggregate",
     "event_type", "session_aggregate",
 ]

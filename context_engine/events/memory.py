@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .registry import EventBody, Payload, event_type
+from .registry import EventBody, Payload, carried_content, event_type
 
 
 @event_type
@@ -26,6 +26,10 @@ class MemoryPushed(EventBody):
     content_b64: str
     metadata: dict[str, str] = field(default_factory=dict)
     content_sha256: str = ""
+
+    @property
+    def content(self) -> bytes:
+        return carried_content(self.content_b64)
 
     def to_payload(self) -> Payload:
         return {"session_id": self.session_id, "agent_id": self.agent_id, "memory_type": self.memory_type,
@@ -54,6 +58,10 @@ class MemoryScrubbed(EventBody):
     spans_by_class: dict[str, int] = field(default_factory=dict)
     detector_version: str = ""
     fallback_reason: str = ""
+
+    @property
+    def content(self) -> bytes:
+        return carried_content(self.content_b64)
 
     def to_payload(self) -> Payload:
         return {"memory_event_id": self.memory_event_id, "content_b64": self.content_b64,

@@ -9,6 +9,7 @@ the classes, so `decode` (and a test that registers a type of its own) reads one
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -32,6 +33,16 @@ class EventBody:
     @classmethod
     def from_payload(cls, payload: Payload) -> Self:
         raise NotImplementedError
+
+
+def content_b64(content: bytes) -> str:
+    """How an event carries raw content (any bytes): standard base64, in its `content_b64` field."""
+    return base64.b64encode(content).decode("ascii")
+
+
+def carried_content(encoded: str) -> bytes:
+    """The raw content back; anything but valid base64 is a ValueError (binascii.Error)."""
+    return base64.b64decode(encoded, validate=True)
 
 
 BODY_TYPES: dict[str, type[EventBody]] = {}

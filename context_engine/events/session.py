@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .registry import EventBody, Payload, event_type
+from .registry import EventBody, Payload, carried_content, event_type
 
 
 def _ingested_v1_to_v2(payload: Payload) -> Payload:
@@ -40,6 +40,10 @@ class EventIngested(EventBody):
     content_sha256: str = ""
     token_count: int = 0
     idempotency_key: str = ""
+
+    @property
+    def content(self) -> bytes:
+        return carried_content(self.content_b64)
 
     def to_payload(self) -> Payload:
         return {"session_id": self.session_id, "event_type": self.event_type, "content_b64": self.content_b64,

@@ -5,6 +5,7 @@ replays of existing logs verify only while these dicts stay the same."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -105,3 +106,28 @@ def test_a_session_ref_spells_the_persisted_keys():
     assert (ref.key, ref.aggregate) == ("acme/s1", "session/acme/s1")
     assert events.session_aggregate("acme", "s1") == ref.aggregate
     assert ref.genesis == hashing.genesis_version("acme/s1")
+
+
+CARRIERS = [b for b, _ in PINNED if hasattr(type(b), "content")]
+CONTENTS = [b"", b"\x00", bytes(range(256)), "é ☃ \u2028".encode(), b"x" * 70_000]
+
+
+@pytest.mark.parametrize("carrier", CARRIERS, ids=lambda b: type(b).TYPE)
+@pytest.mark.parametrize("content", CONTENTS, ids=["empty", "nul", "every-byte", "utf8", "long"])
+def test_a_carrier_gives_back_the_exact_bytes_it_carries(carrier, content):
+    body = dataclasses.replace(carrier, content_b64=events.content_b64(content))
+    assert body.content == content
+    assert type(body).from_payload(body.to_payload()).content == content
+    assert body.to_payload()["content_b64"] == base64.b64encode(content).decode()  # the form on the log
+
+
+@pytest.mark.parametrize("carrier", CARRIERS, ids=lambda b: type(b).TYPE)
+@pytest.mark.parametrize("encoded", ["@@@@", "aGVsbG8", "aGVs\nbG8=", "aGVsbG8=\x00"])
+def test_content_that_is_not_base64_is_refused_when_read(carrier, encoded):
+    body = dataclasses.replace(carrier, content_b64=encoded)
+    with pytest.raises(ValueError):
+        _ = body.content
+
+
+def test_the_three_content_carriers_are_the_ingest_the_push_and_the_scan():
+    assert {type(b) for b in CARRIERS} == {EventIngested, events.MemoryPushed, events.MemoryScrubbed}

@@ -17,7 +17,6 @@ from projections.records import LogRecord
 
 from ..outcome import Applied, Outcome, applied, session_id_of
 from ..rows import json_text
-from .content import decoded
 
 if TYPE_CHECKING:
     from ..org_applier import OrgApplier
@@ -34,7 +33,7 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     if key and (session_id_of(ev), ev.scope.path, key) in org.used_keys:
         return applied(rec, ev, Outcome.IDEMPOTENCY_KEY_TAKEN)
     body = EventIngested.from_payload(ev.payload)
-    content = decoded(body.content_b64)
+    content = body.content
     s = org.chain.session(body.session_id, ev)
     seq, version = org.chain.append(s, ev, "event")
     if key:

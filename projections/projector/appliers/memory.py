@@ -15,7 +15,6 @@ from projections.records import LogRecord
 from ..job_requests import ScanMemory
 from ..outcome import Applied, Outcome, applied
 from ..rows import json_text
-from .content import decoded
 
 if TYPE_CHECKING:
     from ..org_applier import OrgApplier
@@ -25,7 +24,7 @@ async def apply_pushed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     """-> a memory_versions row (PII status 'pending', and a scan asked for), and a chain item
     (kind 'memory') when the memory is in a session."""
     pushed = MemoryPushed.from_payload(ev.payload)
-    content = decoded(pushed.content_b64)
+    content = pushed.content
     sid = pushed.session_id or None
     seq = version = None
     if sid:
@@ -46,7 +45,7 @@ async def apply_scrubbed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     status = body.status
     if status not in ("clear", "quarantined"):
         raise ValueError(f"memory.scrubbed status {status!r}")
-    content = decoded(body.content_b64)
+    content = body.content
     await org.flush()
     row = await org.conn.fetchrow(
         "UPDATE memory_versions SET content = $3, pii_status = $4, pii_spans = $5::text::jsonb, "
