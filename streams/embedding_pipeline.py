@@ -30,6 +30,7 @@ from context_engine.events import EmbeddingRecorded, Event, embedding_aggregate
 from context_engine.metrics import EMBEDDED_TEXTS, EMBEDDING_BATCH_SECONDS
 from context_engine.scope import Scope
 from inference.embedder import Embedder
+from projections import embedding_backlog
 from projections.chunk_projection import vector_to_b64
 from projections.database import org_transaction
 
@@ -55,35 +56,26 @@ class EmbeddingPipeline:
     async def embed_chunks(self, org_id: str, chunk_ids: Sequence[str]) -> int:
         """Record vectors for these chunks' content; returns how many contents were embedded now."""
         async with org_transaction(self.pool, org_id, readonly=True) as conn:
-            rows = await conn.fetch(
-                "SELECT DISTINCT ON (content_hash) content_hash, content FROM chunks "
-                "WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) "
-                "  AND embedding_model IS DISTINCT FROM $3",
-                org_id, list(chunk_ids), self.model_version)
-        return await self._record(org_id, {r["content_hash"]: r["content"] for r in rows})
+            texts = await embedding_backlog.contents_of_chunks_without_model_vector(
+                conn, org_id, chunk_ids, self.model_version)
+        return await self._record(org_id, texts)
 
     async def reindex(self, scope: Scope, *, page: int = 512,
                       progress: Callable[[int], None] | None = None) -> int:
         """Re-embed every chunk owned at `scope` or below whose vector is not from the running
         model. Returns the number of contents embedded."""
         done = 0
-        prefix = scope.path
         while True:
             async with org_transaction(self.pool, scope.org_id, readonly=True) as conn:
-                rows = await conn.fetch(
-                    "SELECT DISTINCT ON (content_hash) content_hash, content FROM chunks "
-                    "WHERE org_id = $1 AND (scope_path = $2 OR starts_with(scope_path, $2 || '/')) "
-                    "  AND embedding_model IS DISTINCT FROM $3 "
-                    "ORDER BY content_hash LIMIT $4",
-                    scope.org_id, prefix, self.model_version, page)
-            if not rows:
+                texts = await embedding_backlog.contents_in_scope_without_model_vector(
+                    conn, scope, self.model_version, page)
+            if not texts:
                 return done
-            n = await self._record(scope.org_id, {r["content_hash"]: r["content"] for r in rows},
-                                   reuse_recorded=False)
+            n = await self._record(scope.org_id, texts, reuse_recorded=False)
             done += n
             if progress:
                 progress(n)
-            await self._await_applied(scope.org_id, [r["content_hash"] for r in rows])
+            await self._await_applied(scope.org_id, list(texts))
 
     async def backlog(self, *, older_than: dt.timedelta, limit: int = 512,
                       after: tuple[dt.datetime, str] | None = None) -> tuple[dict[str, list[str]], tuple | None]:
@@ -93,16 +85,12 @@ class EmbeddingPipeline:
         "still without a vector": vectors are recorded through the log, so a chunk just embedded
         may still look unembedded when the next page is read."""
         async with org_transaction(self.pool, SYSTEM_ORG, readonly=True) as conn:
-            rows = await conn.fetch(
-                "SELECT org_id, chunk_id, created_at FROM chunks WHERE embedding IS NULL AND searchable "
-                "  AND created_at < now() - $1::interval"
-                "  AND ($3::timestamptz IS NULL OR (created_at, chunk_id) > ($3, $4::uuid))"
-                " ORDER BY created_at, chunk_id LIMIT $2",
-                older_than, limit, after[0] if after else None, after[1] if after else None)
+            rows = await embedding_backlog.chunks_without_vector(conn, older_than=older_than, limit=limit,
+                                                                 after=after)
         out: dict[str, list[str]] = {}
-        for r in rows:
-            out.setdefault(r["org_id"], []).append(str(r["chunk_id"]))
-        last = (rows[-1]["created_at"], str(rows[-1]["chunk_id"])) if len(rows) == limit else None
+        for org_id, chunk_id, _created_at in rows:
+            out.setdefault(org_id, []).append(chunk_id)
+        last = (rows[-1][2], rows[-1][1]) if len(rows) == limit else None
         return out, last
 
     async def _record(self, org_id: str, texts: dict[str, str], *, reuse_recorded: bool = True) -> int:
@@ -111,10 +99,7 @@ class EmbeddingPipeline:
         known: dict[str, np.ndarray] = {}
         if reuse_recorded:
             async with org_transaction(self.pool, org_id, readonly=True) as conn:
-                known = {r["content_hash"]: np.asarray(r["embedding"], dtype=np.float32) for r in await conn.fetch(
-                    "SELECT content_hash, embedding::real[] AS embedding FROM content_vectors "
-                    "WHERE org_id = $1 AND model_version = $2 AND content_hash = ANY($3::text[])",
-                    org_id, self.model_version, list(texts))}
+                known = await embedding_backlog.recorded_vectors(conn, org_id, self.model_version, list(texts))
         todo = [h for h in texts if h not in known]
         for start in range(0, len(todo), self.batch_size):
             batch = todo[start:start + self.batch_size]
@@ -134,9 +119,8 @@ class EmbeddingPipeline:
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             async with org_transaction(self.pool, org_id, readonly=True) as conn:
-                left = await conn.fetchval(
-                    "SELECT count(*) FROM chunks WHERE org_id = $1 AND content_hash = ANY($2::text[]) "
-                    "  AND embedding_model IS DISTINCT FROM $3", org_id, hashes, self.model_version)
+                left = await embedding_backlog.count_chunks_without_model_vector(
+                    conn, org_id, hashes, self.model_version)
             if not left:
                 return
             if asyncio.get_running_loop().time() > deadline:

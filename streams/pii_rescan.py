@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from context_engine.scope import Scope
+from projections import pii_scan_state
 from projections.database import org_transaction
 from streams.jobs import pii_scan_job, publish
 from streams.record_auth import RecordSigner
@@ -42,12 +43,8 @@ class RescanReport:
 
 async def quarantined(pool: asyncpg.Pool, org_id: str | None) -> list[Quarantined]:
     async with org_transaction(pool, org_id or SYSTEM_ORG, readonly=True) as conn:
-        rows = await conn.fetch(
-            "SELECT org_id, event_id, pii_scanned_by FROM memory_versions "
-            "WHERE pii_status = 'quarantined' AND ($1::text IS NULL OR org_id = $1) ORDER BY created_at",
-            org_id)
-    return [Quarantined(r["org_id"], str(r["event_id"]), r["pii_scanned_by"] and str(r["pii_scanned_by"]))
-            for r in rows]
+        rows = await pii_scan_state.quarantined_memory(conn, org_id)
+    return [Quarantined(*row) for row in rows]
 
 
 async def request(bootstrap: str, topics: LogTopics, items: list[Quarantined], *, signer: RecordSigner,
@@ -66,15 +63,12 @@ async def follow(pool: asyncpg.Pool, items: list[Quarantined], *, timeout: float
         for org_id in {k[0] for k in left}:
             ids = [k[1] for k in left if k[0] == org_id]
             async with org_transaction(pool, org_id, readonly=True) as conn:
-                rows = await conn.fetch(
-                    "SELECT event_id, pii_status, pii_scanned_by FROM memory_versions "
-                    "WHERE org_id = $1 AND event_id = ANY($2::uuid[])", org_id, ids)
-            for r in rows:
-                key = (org_id, str(r["event_id"]))
-                scanned_by = r["pii_scanned_by"] and str(r["pii_scanned_by"])
+                rows = await pii_scan_state.scan_states(conn, org_id, ids)
+            for event_id, pii_status, scanned_by in rows:
+                key = (org_id, event_id)
                 if scanned_by != left[key].scanned_by:
                     del left[key]
-                    if r["pii_status"] == "clear":
+                    if pii_status == "clear":
                         cleared += 1
                     else:
                         again += 1

@@ -17,11 +17,10 @@ import asyncpg
 
 from context_engine.scope import Scope
 from projections.database import org_transaction
+from projections.embedding_backlog import model_coverage_in_scope
 from streams.jobs import publish, reindex_job
 from streams.record_auth import RecordSigner
 from streams.topics import LogTopics
-
-_IN_SCOPE = "org_id = $1 AND (scope_path = $2 OR starts_with(scope_path, $2 || '/'))"
 
 
 @dataclass(frozen=True)
@@ -37,13 +36,8 @@ class ReindexProgress:
 
 async def progress(pool: asyncpg.Pool, scope: Scope, model_version: str) -> ReindexProgress:
     async with org_transaction(pool, scope.org_id, readonly=True) as conn:
-        row = await conn.fetchrow(
-            f"SELECT count(*) AS total, count(*) FILTER (WHERE embedding_model = $3) AS current "
-            f"FROM chunks WHERE {_IN_SCOPE}", scope.org_id, scope.path, model_version)
-        previous = await conn.fetchval(
-            f"SELECT embedding_model FROM chunks WHERE {_IN_SCOPE} AND embedding_model <> $3 "
-            f"GROUP BY embedding_model ORDER BY count(*) DESC LIMIT 1", scope.org_id, scope.path, model_version)
-    return ReindexProgress(row["total"], row["current"], previous or "")
+        total, current, previous = await model_coverage_in_scope(conn, scope, model_version)
+    return ReindexProgress(total, current, previous or "")
 
 
 async def request(bootstrap: str, topics: LogTopics, scope: Scope, *, old_model_version: str,
