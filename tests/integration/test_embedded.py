@@ -212,5 +212,6 @@ def test_children_die_with_their_parent(service_tmp_path: Path) -> None:
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait()
+        parent.stdout.close()
     # The postgres server runs as another uid when we are root: PDEATHSIG must survive that.
     assert wait_gone(tree, 10) == []

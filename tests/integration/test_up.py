@@ -142,6 +142,7 @@ class Up:
     def finish(self, timeout: float = 30) -> str:
         self.proc.wait(timeout=timeout)
         self.reader.join(timeout=5)
+        self.proc.stdout.close()
         return "".join(self.lines)
 
 

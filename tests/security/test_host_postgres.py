@@ -780,6 +780,7 @@ def test_up_brings_an_earlier_trust_data_directory_to_scram(service_tmp_path: pa
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
         reader.join(timeout=5)
+        proc.stdout.close()
     output = "".join(lines)
     assert proc.returncode == 0, output
     assert re.search(r"PostgreSQL \(embedded, pid \d+\) at postgresql://postgres:\*\*\*@127\.0\.0\.1:", output), output
