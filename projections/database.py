@@ -106,6 +106,17 @@ def require_standard_strings(conn: asyncpg.Connection) -> None:
 
 
 @asynccontextmanager
+async def advisory_lock(conn: asyncpg.Connection, key: int) -> AsyncIterator[None]:
+    """Hold PostgreSQL's session-level advisory lock `key` on `conn` for the block (waits for
+    it; released however the block ends)."""
+    await conn.execute("SELECT pg_advisory_lock($1)", key)
+    try:
+        yield
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", key)
+
+
+@asynccontextmanager
 async def org_transaction(pool: asyncpg.Pool, org_id: str, *, readonly: bool = False,
                           local: Mapping[str, str] | None = None) -> AsyncIterator[asyncpg.Connection]:
     """A connection inside a transaction in which `app.org_id` = org_id (transaction-local),

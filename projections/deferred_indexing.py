@@ -143,6 +143,13 @@ async def record_failure(conn: asyncpg.Connection, org_id: str, source_event_id:
             org_id, uuid.UUID(source_event_id), f"{type(error).__name__}: {error}".replace("\x00", "\\0")) or 0
 
 
+async def requested_sources(conn: asyncpg.Connection) -> set[str]:
+    """The sources whose indexing is still asked for (not given up), of every org: read on an admin
+    connection (verify's)."""
+    return {str(r["source_event_id"]) for r in await conn.fetch(
+        "SELECT source_event_id FROM indexing_requests WHERE attempts < $1", MAX_ATTEMPTS)}
+
+
 async def backlog(conn: asyncpg.Connection, *, older_than: dt.timedelta) -> dict[str, list[str]]:
     """Requests of every org asked for at least `older_than` ago, by org (read under '_system')."""
     async with conn.transaction():

@@ -36,10 +36,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from context_engine.events import GUARDRAIL_PUBLISHED
 from context_engine.hashing import sha256_hex
-from projections import db_admin
-from projections.chunk_projection import BulkLoad, assign_recorded_vectors, recount_statistics
+from projections import archive_reads, bulk_load, db_admin, verification
+from projections.chunk_projection import BulkLoad
 from projections.database import create_pool
-from projections.deferred_indexing import MAX_ATTEMPTS
+from projections.deferred_indexing import requested_sources
 from projections.guardrail_projection import refused_on_the_log
 from projections.migrate import migrate
 from projections.projector.batch import apply_batch
@@ -147,12 +147,11 @@ async def read_archive(admin_url: str, topic: str, *, batch: int = BATCH,
     conn = await asyncpg.connect(admin_url)
     try:
         if on_total:
-            on_total(await conn.fetchval("SELECT count(*) FROM event_archive WHERE topic = $1", topic))
+            on_total(await archive_reads.archived_count(conn, topic))
         async with conn.transaction():
             out = []
-            async for r in conn.cursor('SELECT partition, "offset", raw FROM event_archive WHERE topic = $1 '
-                                       "ORDER BY archive_seq", topic, prefetch=batch):
-                out.append(LogRecord(topic, r["partition"], r["offset"], bytes(r["raw"])))
+            async for record in archive_reads.archived_records(conn, topic, prefetch=batch):
+                out.append(record)
                 if len(out) >= batch:
                     yield out
                     out = []
@@ -180,15 +179,13 @@ async def replay(records: AsyncIterator[list[LogRecord]], target_admin_url: str,
     pool = await create_pool(target_admin_url, org_scoped=False, min_size=1, max_size=1)
     try:
         async with pool.acquire() as conn:
-            if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM event_archive)"):
+            if await archive_reads.archive_holds_events(conn):
                 raise RuntimeError("the target database already holds events; replay needs an empty one")
             orgs: set[str] = set()
             started, count = time.monotonic(), 0
-            bulk = BulkLoad(copy=await conn.fetchval(
-                "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"))
-            deferred = await _deferred_indexes(conn)
-            for drop, _create in deferred:
-                await conn.execute(drop)
+            bulk = BulkLoad(copy=await bulk_load.role_may_copy(conn))
+            deferred = await bulk_load.deferred_indexes(conn)
+            await bulk_load.drop_indexes(conn, deferred)
             try:
                 async for batch in records:
                     orgs.update(a.org_id for a in await apply_batch(conn, batch, bulk=bulk))
@@ -198,58 +195,12 @@ async def replay(records: AsyncIterator[list[LogRecord]], target_admin_url: str,
             finally:  # a replay cut short still leaves a schema the stack can serve from
                 try:
                     for org_id in sorted(orgs - {SYSTEM_ORG}):
-                        async with conn.transaction():
-                            await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
-                            await assign_recorded_vectors(conn, org_id)
-                            await recount_statistics(conn, org_id)
+                        await bulk_load.finish_org(conn, org_id)
                 finally:
-                    await conn.execute(f"SET maintenance_work_mem = '{BUILD_MEMORY_MB}MB'")
-                    for _drop, create in deferred:
-                        await conn.execute(create)
+                    await bulk_load.build_indexes(conn, deferred, memory_mb=BUILD_MEMORY_MB)
             return ReplayReport(count, time.monotonic() - started)
     finally:
         await pool.close()
-
-
-async def _deferred_indexes(conn: asyncpg.Connection) -> list[tuple[str, str]]:
-    """(drop, create) for the indexes a replay builds once after the last event instead of
-    maintaining row by row: building an HNSW graph or a B-tree over all rows at once is several
-    times faster. The replay's own statements do not need them (postings keep their by-chunk
-    index, which rollbacks use)."""
-    rows = await conn.fetch(
-        "SELECT format('DROP INDEX %I', indexname), indexdef FROM pg_indexes "
-        "WHERE schemaname = current_schema() AND ((tablename = 'chunks' AND indexdef ILIKE '%USING hnsw%') "
-        "  OR indexname = 'chunk_terms_impact') "
-        "UNION ALL "
-        "SELECT format('ALTER TABLE %s DROP CONSTRAINT %I', conrelid::regclass, conname), "
-        "       format('ALTER TABLE %s ADD CONSTRAINT %I %s', conrelid::regclass, conname, pg_get_constraintdef(oid)) "
-        "FROM pg_constraint WHERE conrelid = 'chunk_terms'::regclass AND contype = 'p'")
-    return [(r[0], r[1]) for r in rows]
-
-
-# What verify compares: a key naming the row, the values that must match, and the event to blame.
-_CHECKS = {
-    "session item": ("SELECT org_id || '/' || session_id || ' seq ' || seq AS key, event_id::text AS event, "
-                     "version || CASE WHEN active THEN ' (active)' ELSE ' (inactive)' END AS value "
-                     "FROM session_items"),
-    "session version": ("SELECT org_id || '/' || session_id AS key, last_event_id::text AS event, "
-                        "version || ' at seq ' || seq AS value FROM sessions"),
-    "snapshot": ("SELECT org_id || '/' || session_id || ' snapshot ' || name || ' by ' || scope_path AS key, "
-                 "event_id::text AS event, version AS value FROM snapshots"),
-    "ingested event": ("SELECT org_id || ' event ' || event_id AS key, event_id::text AS event, "
-                       "content_sha256 || ' v ' || version AS value FROM session_events"),
-    # Chunks, by id: a content whose chunks never came (an indexing request given up, a job
-    # lost for good) is a difference; one whose indexing is still asked for is not yet.
-    "chunk": ("SELECT org_id || ' chunk ' || chunk_id AS key, source_event_id::text AS event, "
-              "content_hash || CASE WHEN searchable THEN ' (searchable)' ELSE ' (not searchable)' END AS value "
-              "FROM chunks"),
-    "memory version": ("SELECT org_id || ' memory ' || event_id AS key, event_id::text AS event, "
-                       "content_sha256 || ' v ' || coalesce(session_version, '-') AS value FROM memory_versions"),
-}
-
-
-async def _rows(conn: asyncpg.Connection, sql: str) -> dict[str, tuple[str, str]]:
-    return {r["key"]: (r["event"], r["value"]) for r in await conn.fetch(sql)}
 
 
 async def compare(live_url: str, rebuilt_url: str) -> list[Difference]:
@@ -257,10 +208,10 @@ async def compare(live_url: str, rebuilt_url: str) -> list[Difference]:
     try:
         differences = []
         # Sources whose indexing is still asked for have no chunks live yet (not a difference).
-        pending = {str(r["source_event_id"]) for r in await live.fetch(
-            "SELECT source_event_id FROM indexing_requests WHERE attempts < $1", MAX_ATTEMPTS)}
-        for what, sql in _CHECKS.items():
-            want, have = await _rows(rebuilt, sql), await _rows(live, sql)
+        pending = await requested_sources(live)
+        for what in verification.COMPARED:
+            want = await verification.compared_rows(rebuilt, what)
+            have = await verification.compared_rows(live, what)
             if what == "chunk":
                 want = {k: v for k, v in want.items() if v[0] not in pending}
             for key in sorted(want.keys() | have.keys()):
@@ -306,7 +257,7 @@ async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url
     worker's vectors) is no difference."""
     conn = await asyncpg.connect(admin_url)
     try:
-        mark = await conn.fetchval("SELECT coalesce(max(archive_seq), 0) FROM event_archive WHERE topic = $1", topic)
+        mark = await archive_reads.last_archive_seq(conn, topic)
         on_log: dict[str, tuple[str | None, str]] = {}  # record hash -> (event id, position)
         layers: dict[str, bytes] = {}  # guardrail layers the projection may have refused (not archived)
         async for batch in log:
@@ -318,10 +269,8 @@ async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url
         refused: set[str] = set()
         deadline = time.monotonic() + IN_FLIGHT_GRACE_S
         while True:
-            archived = {str(r["event_id"]): r["archive_seq"] for r in await conn.fetch(
-                "SELECT event_id, archive_seq FROM event_archive WHERE topic = $1", topic)}
-            set_aside = {r["record_sha256"] for r in await conn.fetch(
-                "SELECT record_sha256 FROM rejected_events WHERE topic = $1", topic)}
+            archived = await archive_reads.archive_seqs_by_event(conn, topic)
+            set_aside = await archive_reads.set_aside_record_hashes(conn, topic)
             missing = {d: v for d, v in on_log.items() if d not in set_aside and v[0] not in archived}
             for d in [d for d in missing if d in layers]:  # a refused layer is rightly neither
                 if await refused_on_the_log(conn, layers.pop(d)):

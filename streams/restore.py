@@ -26,6 +26,8 @@ import asyncpg
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from projections.archive_reads import archived_counts_by_partition, archived_partition
+from projections.database import advisory_lock
 from streams.log import producer_request_bytes
 from streams.record_auth import RecordSigner
 from streams.topics import TOPIC_MAX_MESSAGE_BYTES
@@ -72,29 +74,23 @@ async def restore_if_behind(bootstrap: str, topic: str, admin_pool: asyncpg.Pool
                             security: Mapping[str, Any] | None = None) -> RestoreReport:
     started = time.monotonic()
     restored_partitions = restored_records = 0
-    async with admin_pool.acquire() as conn:
-        await conn.execute("SELECT pg_advisory_lock($1)", RESTORE_LOCK)
-        try:
-            archived = {r["partition"]: r["n"] for r in await conn.fetch(
-                "SELECT partition, count(*) AS n FROM event_archive WHERE topic = $1 GROUP BY partition",
-                topic)}
-            if archived:
-                marks = await high_water_marks(bootstrap, topic, sorted(archived), security=security)
-                behind = [p for p, n in sorted(archived.items()) if marks[p] < n]
-                if behind:
-                    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
-                                                enable_idempotence=False, linger_ms=5,
-                                                max_request_size=producer_request_bytes(TOPIC_MAX_MESSAGE_BYTES),
-                                                **(security or {}))
-                    await producer.start()
-                    try:
-                        for partition in behind:
-                            restored_records += await _restore_partition(conn, producer, signer, topic, partition)
-                            restored_partitions += 1
-                    finally:
-                        await producer.stop()
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", RESTORE_LOCK)
+    async with admin_pool.acquire() as conn, advisory_lock(conn, RESTORE_LOCK):
+        archived = await archived_counts_by_partition(conn, topic)
+        if archived:
+            marks = await high_water_marks(bootstrap, topic, sorted(archived), security=security)
+            behind = [p for p, n in sorted(archived.items()) if marks[p] < n]
+            if behind:
+                producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+                                            enable_idempotence=False, linger_ms=5,
+                                            max_request_size=producer_request_bytes(TOPIC_MAX_MESSAGE_BYTES),
+                                            **(security or {}))
+                await producer.start()
+                try:
+                    for partition in behind:
+                        restored_records += await _restore_partition(conn, producer, signer, topic, partition)
+                        restored_partitions += 1
+                finally:
+                    await producer.stop()
     report = RestoreReport(restored_partitions, restored_records, time.monotonic() - started)
     if restored_partitions:
         log.warning("log restored from archive", topic=topic, partitions=report.partitions,
@@ -107,10 +103,8 @@ async def _restore_partition(conn: asyncpg.Connection, producer: AIOKafkaProduce
     pending: list[asyncio.Future] = []
     count = 0
     async with conn.transaction():
-        async for row in conn.cursor("SELECT aggregate, raw FROM event_archive "
-                                     "WHERE topic = $1 AND partition = $2 ORDER BY archive_seq",
-                                     topic, partition):
-            raw, key = bytes(row["raw"]), row["aggregate"].encode()
+        async for aggregate, raw in archived_partition(conn, topic, partition):
+            key = aggregate.encode()
             pending.append(await producer.send(topic, raw, key=key, partition=partition,
                                                headers=signer.headers(topic, key, raw)))
             count += 1
