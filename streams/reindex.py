@@ -2,7 +2,7 @@
 watch it happen.
 
 The request is a ReindexJob on the reindex stream (keyed by org); the worker's reindex agent
-(streams/app.py) re-embeds every chunk owned at the scope or below whose vector came from
+(streams/agents/embedding.py) re-embeds every chunk owned at the scope or below whose vector came from
 another model, recording the vectors on the log like any embedding. Progress is read from the
 read model: chunks of the scope whose vector is from the running model, out of all of them.
 """
