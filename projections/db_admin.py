@@ -11,11 +11,13 @@ so neither the statement nor an error echoing it carries the password.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import secrets
 import time
 import uuid
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -79,48 +81,46 @@ def set_password_sql(role: str, password: str) -> str:
 
 # -- databases ---------------------------------------------------------------------------------
 
-async def create_database(admin_url: str, name: str, *, owner: str | None = None) -> str:
-    """Create database `name` (an error if it exists) on the server of `admin_url`; its URL."""
-    conn = await asyncpg.connect(admin_url)
+@contextlib.asynccontextmanager
+async def _connected(url: str) -> AsyncIterator[asyncpg.Connection]:
+    """One admin connection for one operation, closed after it."""
+    conn = await asyncpg.connect(url)
     try:
-        await conn.execute(create_database_sql(name, owner=owner))
+        yield conn
     finally:
         await conn.close()
+
+
+async def create_database(admin_url: str, name: str, *, owner: str | None = None) -> str:
+    """Create database `name` (an error if it exists) on the server of `admin_url`; its URL."""
+    async with _connected(admin_url) as conn:
+        await conn.execute(create_database_sql(name, owner=owner))
     return with_database(admin_url, name)
 
 
 async def ensure_database(admin_url: str, name: str) -> str:
     """Create database `name` if missing; its URL."""
-    conn = await asyncpg.connect(admin_url)
-    try:
+    async with _connected(admin_url) as conn:
         if not await conn.fetchval(DATABASE_EXISTS_SQL, name):
             try:
                 await conn.execute(create_database_sql(name))
             except asyncpg.DuplicateDatabaseError:  # created meanwhile by another client
                 pass
-    finally:
-        await conn.close()
     return with_database(admin_url, name)
 
 
 async def drop_database(admin_url: str, name: str) -> None:
     """Drop database `name` if it exists, ending its sessions."""
-    conn = await asyncpg.connect(admin_url)
-    try:
+    async with _connected(admin_url) as conn:
         await conn.execute(drop_database_sql(name))
-    finally:
-        await conn.close()
 
 
 async def create_extensions(url: str, extensions: tuple[str, ...]) -> None:
     """CREATE EXTENSION IF NOT EXISTS each of `extensions` in the database of `url` (pgvector's
     `vector` is not a trusted extension: only a superuser creates it)."""
-    conn = await asyncpg.connect(url)
-    try:
+    async with _connected(url) as conn:
         for extension in extensions:
             await conn.execute(f"CREATE EXTENSION IF NOT EXISTS {quote_identifier(extension)}")
-    finally:
-        await conn.close()
 
 
 # -- roles -------------------------------------------------------------------------------------
