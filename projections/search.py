@@ -61,6 +61,7 @@ from projections.retrieval.fusion import HYBRID, ScoredCandidate, bm25_sql, cosi
 from projections.retrieval.outcome import RetrievalResult, classify_ranked, resolve_min_score, resolve_top_k
 from projections.retrieval.recipe import (
     BROADEN_POSTINGS,
+    EXACT_VECTOR_LEG_MAX_DOCS,
     FIRST_EF_SEARCH,
     MIN_POOL,
     POOL_PER_RESULT,
@@ -213,10 +214,12 @@ FROM s
 """
 
 
-def _fused(dims: int) -> str:
+def _fused(dims: int, *, exact: bool = False) -> str:
     """The vector leg (cosine over the HNSW index of the running embedder's dimension, whose
     graph holds half-precision copies of the vectors (migration 0012), top `$6`, same
-    visibility; pgvector's iterative scan keeps filtering from starving it), its union with the
+    visibility; pgvector's iterative scan keeps filtering from starving it, up to its
+    `hnsw.max_scan_tuples`; `exact`: ordered by the float32 cosine, an expression no index
+    serves, for a visible corpus small enough to rank whole), its union with the
     lexical leg's `$7`, and `retrieval.fusion.HYBRID` over that union: each candidate's cosine
     (on the float32 vector), its exact BM25 from all its postings of the query terms (`$8`, each
     term's weight idf x count in the query `$9`, mean length `$10`) normalised by the query's idf
@@ -238,12 +241,14 @@ def _fused(dims: int) -> str:
     candidate (234 ms instead of 3 ms at 419 candidates on LoCoMo). Only the kept rows are read
     again, each by its key, for their content."""
     w = HYBRID
+    distance = (f"embedding::vector({dims}) <=> $2::vector({dims})" if exact
+                else f"embedding::halfvec({dims}) <=> $2::vector({dims})::halfvec({dims})")
     return f"""
 WITH vector_leg AS (
     SELECT chunk_id FROM chunks
     WHERE org_id = $1 AND embedding_dims = {dims} AND embedding_model = $3 AND searchable
       AND scope_path = ANY($4::text[]) AND ($5 = '' OR domain = $5)
-    ORDER BY embedding::halfvec({dims}) <=> $2::vector({dims})::halfvec({dims})
+    ORDER BY {distance}
     LIMIT $6
 ), ids AS MATERIALIZED (
     SELECT chunk_id FROM vector_leg UNION SELECT unnest($7::uuid[])
@@ -342,9 +347,7 @@ class _Retriever:
         term's best postings (`postings_per_term` of them), ranked in PostgreSQL. A candidate's
         score here counts the terms whose best postings it is among; the exact score of every
         candidate is computed by the fusion statement from all its postings."""
-        if not self.terms:
-            return CorpusStats(0, 0.0), []
-        statement, args = self.lexical_statement(p)
+        statement, args = self.lexical_statement(p)  # without terms: the statistics alone
         row = await self.conn.fetchrow(statement, *args)
         stats = CorpusStats.from_totals(row["n"], row["total"],
                                         dict(zip(row["df_terms"] or (), row["df_values"] or ())))
@@ -366,9 +369,10 @@ class _Retriever:
         the lexical leg's statistics and ids and the query vector."""
         weights = [stats.idf(t) * n for t, n in self.term_counts.items()]
         mass = query_idf_mass(self.terms, stats) if self.terms else 0.0
-        return _fused(len(vector)), (self.org_id, vector, self.model_version, self.scopes, self.domain, p.vector_k,
-                                     lexical, self.distinct_terms, weights, stats.avgdl, mass, self.now,
-                                     self.floor, self.top_k)
+        exact = stats.n_docs <= EXACT_VECTOR_LEG_MAX_DOCS
+        return _fused(len(vector), exact=exact), (
+            self.org_id, vector, self.model_version, self.scopes, self.domain, p.vector_k, lexical,
+            self.distinct_terms, weights, stats.avgdl, mass, self.now, self.floor, self.top_k)
 
 
 def _metadata(text: str) -> dict[str, Any]:

@@ -39,6 +39,10 @@ MIN_POOL = 50
 POOL_PER_RESULT = 2
 #: HNSW ef_search of the first pass; pgvector's iterative scan goes past it as filtering needs.
 FIRST_EF_SEARCH = 64
+#: A visible corpus of at most this many chunks is ranked exactly by the vector leg instead of
+#: over the HNSW graph every org shares: the graph is filtered by org after the walk, and a small
+#: org behind many nearer vectors of others lost candidates once the scan budget ran out.
+EXACT_VECTOR_LEG_MAX_DOCS = 2_000
 #: The share of the query's distinct terms a first-pass BM25 candidate must hold ("AND-ish").
 BM25_MIN_MATCH_FRACTION = 0.5
 #: Best postings read per query term by impact, at least 2 · bm25_k: bounds the lexical leg's

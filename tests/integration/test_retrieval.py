@@ -21,10 +21,11 @@ from context_engine.scope import Scope
 from inference.tokens import count_tokens
 from projections.database import create_pool
 from projections.migrate import APP_ROLE
-from projections.retrieval.bm25 import analyze, bm25_scorer, query_idf_mass
+from projections.retrieval.bm25 import CorpusStats, analyze, bm25_scorer, query_idf_mass
 from projections.retrieval.confidence_gate import Pool
 from projections.retrieval.fusion import HYBRID, Candidate
 from projections.retrieval.outcome import classify
+from projections.retrieval.recipe import EXACT_VECTOR_LEG_MAX_DOCS, FIRST_EF_SEARCH
 from projections.search import _LEXICAL, SearchQuery, _fused, _Retriever
 from projections.search import search as search_projection
 from streams.record_auth import verifier_from_settings
@@ -371,7 +372,7 @@ async def test_search_plans_generically_and_assembly_depth_lets_postgresql_choos
         async with pool.acquire() as conn:
             rows = {r["statement"]: (r["generic_plans"], r["custom_plans"]) for r in await conn.fetch(
                 "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")}
-        return [rows.get(_LEXICAL), rows.get(_fused(384))]
+        return [rows.get(_LEXICAL), rows.get(_fused(384, exact=True))]  # a small corpus: ranked exactly
 
     async def depth(_conn) -> int:
         return 3
@@ -396,6 +397,39 @@ async def test_the_fusion_statement_rechecks_the_visibility_of_lexical_ids(corpu
     rows, *_ = await _fused_as_app(engine, org, "support group camping", floor=1e-6, top_k=50,
                                    scopes=[f"{org}/elsewhere"])
     assert [r["total"] for r in rows if r["summary"]] == [0] and not [r for r in rows if not r["summary"]]
+
+
+async def test_a_small_corpus_is_searched_exactly_whatever_other_orgs_hold(engine):
+    """pgvector's HNSW graph holds every org's vectors, filters by org after the walk, and its
+    iterative scan stops at `hnsw.max_scan_tuples`: when the planner walked the index (it does
+    once the table is large, whatever the org's size), a small org behind a crowd of nearer
+    vectors of another org lost candidates. A visible corpus of up to EXACT_VECTOR_LEG_MAX_DOCS
+    chunks is ranked exactly, so every visible chunk is a candidate at any scan budget, even
+    with the planner pushed towards the index (sorts and sequential scans off)."""
+    crowd_org, org = unique("org"), unique("org")
+    crowd = engine.caller(crowd_org, "p", "t", "bot", clearance=1)
+    query = "Caroline adoption agencies child"
+    await ingest(crowd, "crowd", [f"{query} {i}" for i in range(3 * FIRST_EF_SEARCH)])
+    await ingest(engine.caller(org, "p", "t", "bot", clearance=1), "conv-1", TURNS)
+    await wait_embedded(engine, crowd_org)
+    await wait_embedded(engine, org)
+    pool = await create_pool(api_database_url(engine.settings), min_size=1, max_size=1,
+                             server_settings={"hnsw.max_scan_tuples": "1", "enable_sort": "off",
+                                              "enable_seqscan": "off"})
+    try:
+        outcome = await search_projection(pool, engine.deps.query_vectors, Scope(org, "p", "t", "bot"),
+                                          SearchQuery(query, min_score=1e-6, top_k=50), 0.35)
+    finally:
+        await pool.close()
+    assert len(outcome.result.results) + outcome.result.results_below_threshold == len(TURNS)
+
+
+def test_the_vector_leg_walks_the_index_only_past_the_exact_limit():
+    retriever = _Retriever(None, Scope("org", "p", "t", "bot"), "", ["camping"], None, "m", None, 0.25, 10)
+    vector = np.zeros(384, dtype=np.float32)
+    for n_docs, exact in ((0, True), (EXACT_VECTOR_LEG_MAX_DOCS, True), (EXACT_VECTOR_LEG_MAX_DOCS + 1, False)):
+        statement, _args = retriever.fused_statement(Pool(), CorpusStats(n_docs, 10.0), [], vector)
+        assert statement == _fused(384, exact=exact) and ("halfvec" in statement.split("LIMIT $6")[0]) != exact
 
 
 async def test_the_vector_leg_can_use_the_half_precision_hnsw_index(corpus, engine):
