@@ -5,7 +5,12 @@ Every item — a turn, a memory version, a chunk, a session — is owned by the 
 (its `scope_path`), also when it sits in a session owned higher up: a team's turn in an org
 session is the team's. A caller sees what is owned at its own scope and at each of its
 ancestors' scopes; never a descendant's, a sibling's or another branch's, whatever ids it sends.
-Share grants will widen a caller's view here, and nowhere else.
+
+A live share grant widens that view by one resource (a chunk, a snapshot or a guardrail layer)
+for its grantee scope and every scope below it: a grant to a team holds for its agents. What
+the grant lets the grantee do is its permissions: `read` (Search, PullContext of a snapshot)
+and `use_in_assembly` (AssembleContext), each on its own. A grantor shares only what it sees by
+ownership; what a scope sees through a grant it cannot grant on (projections/share_grants.py).
 
 Reads pass `Visibility.paths` to SQL as `scope_path = ANY($n::text[])`: an equality against a
 handful of paths keeps the (org_id, scope_path, ...) indexes in use. Rows already read are
@@ -31,6 +36,11 @@ class Visibility:
     def sees(self, owner_path: str) -> bool:
         """Whether an item owned at `owner_path` is visible to the viewer."""
         return owner_path in self.paths
+
+    def holds(self, grantee_path: str) -> bool:
+        """Whether a grant to `grantee_path` applies to the viewer: the grantee is its own scope
+        or an ancestor's (the same paths, so SQL asks `grantee_path = ANY(sql_paths)`)."""
+        return grantee_path in self.paths
 
     @property
     def sql_paths(self) -> list[str]:

@@ -24,6 +24,11 @@ _STATEMENTS = {
               "FROM chunks"),
     "memory version": ("SELECT org_id || ' memory ' || event_id AS key, event_id::text AS event, "
                        "content_sha256 || ' v ' || coalesce(session_version, '-') AS value FROM memory_versions"),
+    # Grants, by id: what, to whom, and whether (and by which event) they ended.
+    "share grant": ("SELECT org_id || ' share ' || share_id AS key, event_id::text AS event, "
+                    "resource_type || ' ' || resource_id || ' to ' || grantee_path || ' ' "
+                    "|| array_to_string(permissions, ',') "
+                    "|| coalesce(' revoked by ' || revoked_event_id, '') AS value FROM share_grants"),
 }
 
 # The read models verify compares, in the order it compares them.

@@ -1,8 +1,8 @@
 """Domain events: the envelope (envelope.py), one class per event type (session.py, memory.py,
-embedding.py, guardrail.py) registered by type name (registry.py), and the names of aggregates
+embedding.py, guardrail.py, share.py) registered by type name (registry.py), and the names of aggregates
 (aggregates.py)."""
 
-from .aggregates import SessionRef, embedding_aggregate, session_aggregate
+from .aggregates import SessionRef, embedding_aggregate, session_aggregate, share_aggregate
 from .embedding import EmbeddingRecorded
 from .envelope import Event, EventDecodeError, canonical_bytes, decode
 from .guardrail import GuardrailPublished
@@ -19,6 +19,7 @@ from .registry import (
                        event_type,
 )
 from .session import CompactionThreshold, EventIngested, SessionRolledBack, SnapshotCreated
+from .share import ShareCreated, ShareRevoked
 
 EVENT_INGESTED = EventIngested.TYPE
 MEMORY_PUSHED = MemoryPushed.TYPE
@@ -28,13 +29,16 @@ EMBEDDING_RECORDED = EmbeddingRecorded.TYPE
 MEMORY_SCRUBBED = MemoryScrubbed.TYPE
 COMPACTION_THRESHOLD = CompactionThreshold.TYPE
 GUARDRAIL_PUBLISHED = GuardrailPublished.TYPE
+SHARE_CREATED = ShareCreated.TYPE
+SHARE_REVOKED = ShareRevoked.TYPE
 
 __all__ = [
     "BODY_TYPES", "COMPACTION_THRESHOLD", "CURRENT_VERSIONS", "EMBEDDING_RECORDED", "EVENT_INGESTED",
     "GUARDRAIL_PUBLISHED", "MEMORY_PUSHED", "MEMORY_SCRUBBED", "SESSION_ROLLED_BACK", "SNAPSHOT_CREATED",
     "UPCASTERS", "CompactionThreshold", "EmbeddingRecorded", "Event", "EventBody", "EventDecodeError",
     "EventIngested", "GuardrailPublished", "MemoryPushed", "MemoryScrubbed", "Payload", "SessionRef",
-    "SessionRolledBack", "SnapshotCreated", "Upcaster", "canonical_bytes", "carried_content", "content_b64", "decode",
+    "SHARE_CREATED", "SHARE_REVOKED", "SessionRolledBack", "ShareCreated", "ShareRevoked", "SnapshotCreated",
+    "Upcaster", "canonical_bytes", "carried_content", "content_b64", "decode",
     "embedding_aggregate",
-    "event_type", "session_aggregate",
+    "event_type", "session_aggregate", "share_aggregate",
 ]

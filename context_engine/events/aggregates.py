@@ -40,3 +40,8 @@ def session_aggregate(org_id: str, session_id: str) -> str:
 def embedding_aggregate(org_id: str) -> str:
     """The partition key of an org's embedding.recorded events."""
     return f"embedding/{org_id}"
+
+
+def share_aggregate(org_id: str, share_id: str) -> str:
+    """The partition key of one grant's events: its revocation follows its creation."""
+    return f"share/{org_id}/{share_id}"

@@ -15,13 +15,15 @@ from context_engine.events import (
     MEMORY_PUSHED,
     MEMORY_SCRUBBED,
     SESSION_ROLLED_BACK,
+    SHARE_CREATED,
+    SHARE_REVOKED,
     SNAPSHOT_CREATED,
     Event,
 )
 from projections.records import LogRecord
 
 from ..outcome import Applied
-from . import compaction, embedding, guardrail, ingested, memory, rollback, snapshot
+from . import compaction, embedding, guardrail, ingested, memory, rollback, share, snapshot
 
 if TYPE_CHECKING:
     from ..org_applier import OrgApplier
@@ -37,6 +39,8 @@ APPLIERS: dict[str, Applier] = {
     GUARDRAIL_PUBLISHED: guardrail.apply,
     MEMORY_SCRUBBED: memory.apply_scrubbed,
     EMBEDDING_RECORDED: embedding.apply,
+    SHARE_CREATED: share.apply_created,
+    SHARE_REVOKED: share.apply_revoked,
 }
 
 # The types whose session has an owner scope: an event from outside it changes nothing (OUT_OF_SCOPE).

@@ -1,0 +1,198 @@
+"""Share grants: the projection of share.created / share.revoked, and the reads of the grants
+(commands/create_share.py, revoke_share.py, list_shares.py; the share-aware reads).
+
+A resource can be shared by a scope that sees it by ownership (context_engine/visibility.py):
+a chunk or a snapshot owned at the grantor's scope or an ancestor's, a guardrail layer of the
+grantor's own chain (its own and its ancestors' layers; every org has the platform's L1 already).
+A grant is not re-shared: what a scope sees only through a grant it cannot grant on. The
+projector checks this again when it applies the event (OUT_OF_SCOPE), since the resource may
+have changed between the handler's check and the append.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from context_engine.events import Event, ShareCreated, ShareRevoked
+from context_engine.scope import LEVELS
+from context_engine.visibility import Visibility
+from projections.projector.outcome import Outcome
+
+RESOURCE_TYPES = ("chunk", "snapshot", "layer")
+PERMISSIONS = ("read", "use_in_assembly")
+
+# Whether `$2` is a resource of type `$3` the scope whose visible paths are `$4` may share.
+_SHAREABLE = """
+SELECT CASE $3::text
+    WHEN 'chunk' THEN EXISTS (
+        SELECT 1 FROM chunks WHERE org_id = $1 AND chunk_id = $2 AND scope_path = ANY($4::text[]))
+    WHEN 'snapshot' THEN EXISTS (
+        SELECT 1 FROM snapshots WHERE org_id = $1 AND snapshot_id = $2 AND scope_path = ANY($4::text[]))
+    WHEN 'layer' THEN EXISTS (
+        SELECT 1 FROM guardrail_layers WHERE org_id = $1 AND event_id = $2 AND scope_path = ANY($4::text[]))
+    ELSE false END
+"""
+
+
+async def shareable(conn: asyncpg.Connection, org_id: str, resource_type: str, resource_id: str,
+                    grantor: Visibility) -> bool:
+    return bool(await conn.fetchval(_SHAREABLE, org_id, uuid.UUID(resource_id), resource_type, grantor.sql_paths))
+
+
+def _well_formed(body: ShareCreated) -> None:
+    """ValueError for a payload no handler writes (the record is set aside)."""
+    depth = len(body.grantee_path.split("/"))
+    if (body.resource_type not in RESOURCE_TYPES or not body.permissions
+            or not set(body.permissions) <= set(PERMISSIONS) or body.grantee_scope not in LEVELS
+            or depth != LEVELS.index(body.grantee_scope) + 1):
+        raise ValueError("share.created: resource_type, permissions or grantee out of range")
+
+
+async def apply_share_created(conn: asyncpg.Connection, org_id: str, ev: Event) -> Outcome:
+    body = ev.body
+    assert isinstance(body, ShareCreated)
+    _well_formed(body)
+    if ev.scope.org_id != org_id or body.grantee_path.split("/", 1)[0] != org_id:
+        return Outcome.OUT_OF_SCOPE
+    if not await shareable(conn, org_id, body.resource_type, body.resource_id, Visibility.of(ev.scope)):
+        return Outcome.OUT_OF_SCOPE
+    inserted = await conn.fetchval(
+        "INSERT INTO share_grants (org_id, share_id, resource_type, resource_id, grantor_path, created_by, "
+        "  grantee_scope, grantee_path, permissions, reason, created_at, event_id) "
+        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) "
+        "ON CONFLICT (org_id, share_id) DO NOTHING RETURNING true",
+        org_id, uuid.UUID(body.share_id), body.resource_type, uuid.UUID(body.resource_id), ev.scope.path,
+        ev.actor, body.grantee_scope, body.grantee_path, list(body.permissions), body.reason, ev.occurred,
+        uuid.UUID(ev.event_id))
+    return Outcome.APPLIED if inserted else Outcome.DUPLICATE
+
+
+async def apply_share_revoked(conn: asyncpg.Connection, org_id: str, ev: Event) -> Outcome:
+    """The first revocation of a live grant ends it; a later one changes nothing (IGNORED)."""
+    body = ev.body
+    assert isinstance(body, ShareRevoked)
+    status = await conn.fetchval(
+        "WITH g AS (SELECT revoked_at FROM share_grants WHERE org_id = $1 AND share_id = $2), "
+        "u AS (UPDATE share_grants SET revoked_at = $3, revoked_by = $4, revoke_reason = $5, revoked_event_id = $6 "
+        "      WHERE org_id = $1 AND share_id = $2 AND revoked_at IS NULL RETURNING 1) "
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM u) THEN 'revoked' "
+        "            WHEN EXISTS (SELECT 1 FROM g) THEN 'already' ELSE 'unknown' END",
+        org_id, uuid.UUID(body.share_id), ev.occurred, ev.actor, body.reason, uuid.UUID(ev.event_id))
+    return {"revoked": Outcome.APPLIED, "already": Outcome.IGNORED}.get(status, Outcome.UNKNOWN_TARGET)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    share_id: str
+    resource_type: str
+    resource_id: str
+    grantor_path: str
+    created_by: str
+    grantee_scope: str
+    grantee_path: str
+    permissions: tuple[str, ...]
+    reason: str
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+    event_id: str
+
+    @property
+    def live(self) -> bool:
+        return self.revoked_at is None
+
+
+_GRANT_COLUMNS = ("share_id, resource_type, resource_id, grantor_path, created_by, grantee_scope, grantee_path, "
+                  "permissions, reason, created_at, revoked_at, event_id")
+
+
+def _grant(r: asyncpg.Record) -> Grant:
+    return Grant(str(r["share_id"]), r["resource_type"], str(r["resource_id"]), r["grantor_path"], r["created_by"],
+                 r["grantee_scope"], r["grantee_path"], tuple(r["permissions"]), r["reason"], r["created_at"],
+                 r["revoked_at"], str(r["event_id"]))
+
+
+async def grant_by_id(conn: asyncpg.Connection, org_id: str, share_id: str) -> Grant | None:
+    row = await conn.fetchrow(f"SELECT {_GRANT_COLUMNS} FROM share_grants WHERE org_id = $1 AND share_id = $2",
+                              org_id, uuid.UUID(share_id))
+    return _grant(row) if row else None
+
+
+async def grant_by_event(conn: asyncpg.Connection, org_id: str, event_id: str) -> Grant | None:
+    row = await conn.fetchrow(f"SELECT {_GRANT_COLUMNS} FROM share_grants WHERE org_id = $1 AND event_id = $2",
+                              org_id, uuid.UUID(event_id))
+    return _grant(row) if row else None
+
+
+# ListShares: the live grants the caller created (grantor = its scope) or holds (grantee = its
+# scope or an ancestor's), oldest first, ties by id.
+_LISTED = """
+FROM share_grants
+WHERE org_id = $1 AND revoked_at IS NULL AND (grantor_path = $2 OR grantee_path = ANY($3::text[]))
+"""
+
+
+async def listed_grants(conn: asyncpg.Connection, org_id: str, viewer: Visibility, *, offset: int,
+                        limit: int) -> tuple[list[Grant], int]:
+    """One page of the caller's grants and how many there are in all."""
+    args = (org_id, viewer.viewer.path, viewer.sql_paths)
+    total = await conn.fetchval(f"SELECT count(*) {_LISTED}", *args)
+    rows = await conn.fetch(f"SELECT {_GRANT_COLUMNS} {_LISTED} ORDER BY created_at, share_id OFFSET $4 LIMIT $5",
+                            *args, offset, limit)
+    return [_grant(r) for r in rows], int(total)
+
+
+def held_sql(resource_type: str, *, org: str, paths: str, permission: str) -> str:
+    """A subquery of the resources of `resource_type` shared with the viewer whose visible paths
+    are `paths` (a grant to its scope or an ancestor's: Visibility.holds) by a live grant with
+    `permission`, each once, by its oldest such grant: columns resource_id, share_id. The
+    arguments are SQL expressions (parameters) of the statement it goes in."""
+    assert resource_type in RESOURCE_TYPES
+    return (f"SELECT DISTINCT ON (resource_id) resource_id, share_id FROM share_grants "
+            f"WHERE org_id = {org} AND resource_type = '{resource_type}' AND grantee_path = ANY({paths}) "
+            f"AND revoked_at IS NULL AND {permission} = ANY(permissions) "
+            f"ORDER BY resource_id, created_at, share_id")
+
+
+async def held(conn: asyncpg.Connection, org_id: str, viewer: Visibility, resource_type: str, permission: str,
+               resource_ids: Sequence[str]) -> dict[str, str]:
+    """Of `resource_ids`, those the viewer holds a live grant of with `permission`: id -> share id."""
+    grants = held_sql(resource_type, org="$1", paths="$2::text[]", permission="$3::text")
+    rows = await conn.fetch(
+        f"SELECT h.resource_id, h.share_id FROM ({grants}) AS h WHERE h.resource_id = ANY($4::uuid[])",
+        org_id, viewer.sql_paths, permission, [uuid.UUID(i) for i in resource_ids])
+    return {str(r["resource_id"]): str(r["share_id"]) for r in rows}
+
+
+# Why a caller that does not see resource `$2` of type `$3` (visible paths `$4`) was refused it
+# for `$5`, if the resource is another scope's: through a grant since revoked, a live grant
+# without that permission, or neither. NULL: no such resource, or one the caller owns-sees.
+_DENIAL = """
+SELECT CASE
+    WHEN NOT (CASE $3::text
+        WHEN 'chunk' THEN EXISTS (SELECT 1 FROM chunks WHERE org_id = $1 AND chunk_id = $2
+                                    AND NOT scope_path = ANY($4::text[]))
+        WHEN 'snapshot' THEN EXISTS (SELECT 1 FROM snapshots WHERE org_id = $1 AND snapshot_id = $2
+                                       AND NOT scope_path = ANY($4::text[]))
+        WHEN 'layer' THEN EXISTS (SELECT 1 FROM guardrail_layers WHERE org_id = $1 AND event_id = $2
+                                    AND NOT scope_path = ANY($4::text[]))
+        ELSE false END) THEN NULL
+    WHEN EXISTS (SELECT 1 FROM share_grants WHERE org_id = $1 AND resource_id = $2 AND resource_type = $3
+                   AND grantee_path = ANY($4::text[]) AND revoked_at IS NULL) THEN 'permission_missing'
+    WHEN EXISTS (SELECT 1 FROM share_grants WHERE org_id = $1 AND resource_id = $2 AND resource_type = $3
+                   AND grantee_path = ANY($4::text[]) AND revoked_at IS NOT NULL
+                   AND $5 = ANY(permissions)) THEN 'grant_revoked'
+    ELSE 'not_visible' END
+"""
+
+
+async def denial_reason(conn: asyncpg.Connection, org_id: str, viewer: Visibility, resource_type: str,
+                        resource_id: str, permission: str) -> str | None:
+    """The audit's denial reason for a resource the caller asked for and may not have, or None
+    when the org holds no such resource of another scope (then the request crossed no scope:
+    nothing to audit)."""
+    return await conn.fetchval(_DENIAL, org_id, uuid.UUID(resource_id), resource_type, viewer.sql_paths, permission)
