@@ -11,7 +11,7 @@ import datetime as dt
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -19,10 +19,14 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from context_engine.scope import Scope
+from projections.audit_log import AuditRow
 from projections.projector.job_requests import CompactSession, EmbedChunks, IndexSource, JobRequest, ScanMemory
 from projections.savings_projection import Sample
 from streams.record_auth import RecordSigner
 from upsquad.context.v1 import context_pb2, stream_pb2
+
+if TYPE_CHECKING:
+    from streams.audit import AccessAttempt
 
 
 def scope_path(scope: Scope) -> context_pb2.ScopePath:
@@ -35,8 +39,12 @@ def scope_of(path: context_pb2.ScopePath) -> Scope:
 
 
 def now_timestamp() -> Timestamp:
+    return timestamp(dt.datetime.now(dt.UTC))
+
+
+def timestamp(at: dt.datetime) -> Timestamp:
     ts = Timestamp()
-    ts.FromDatetime(dt.datetime.now(dt.UTC))
+    ts.FromDatetime(at)
     return ts
 
 
@@ -131,6 +139,27 @@ def baseline_sample(raw: bytes) -> Sample:
     env, event = open_envelope(raw, stream_pb2.BaselineMetricEvent)
     return Sample(env.message_id, env.scope.org_id, event.prompt_id, event.session_id, event.model_id,
                   event.assembled_tokens, event.naive_tokens, event.sampled_at.ToDatetime(tzinfo=dt.UTC))
+
+
+def audit_access(attempt: AccessAttempt) -> JobMessage:
+    """An AuditAccessEvent for the audit:access stream, keyed by the actor's org."""
+    return envelope("audit:access", attempt.actor, stream_pb2.AuditAccessEvent(
+        actor_scope=scope_path(attempt.actor), target_resource_id=attempt.resource_id,
+        target_resource_type=attempt.resource_type, operation=attempt.operation, share_id=attempt.share_id,
+        outcome="allowed" if attempt.allowed else "denied", denial_reason=attempt.denial_reason,
+        occurred_at=timestamp(attempt.occurred_at)))
+
+
+def audit_row(raw: bytes) -> AuditRow:
+    """An audit:access message as the audit writer stores it; ValueError (or protobuf's
+    DecodeError) for one no publisher writes."""
+    env, event = open_envelope(raw, stream_pb2.AuditAccessEvent)
+    actor = event.actor_scope
+    if actor.org_id != env.scope.org_id:
+        raise ValueError("audit event of another org than its envelope")
+    return AuditRow(env.message_id, actor.org_id, actor.pillar_id, actor.team_id, actor.agent_id,
+                    event.target_resource_type, event.target_resource_id, event.operation, event.share_id,
+                    event.outcome, event.denial_reason, event.occurred_at.ToDatetime(tzinfo=dt.UTC))
 
 
 async def publish(bootstrap: str, topic: str, jobs: Iterable[JobMessage], *, signer: RecordSigner,
