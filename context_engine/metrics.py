@@ -40,6 +40,17 @@ QUERY_VECTORS = Counter(
     "text), or shared (waited for the same org and text being computed).",
     ["source"])
 
+AUDIT_EVENTS = Counter(
+    "context_engine_audit_events",
+    "AuditAccessEvents of cross-scope accesses (streams/audit.py): published on the audit:access stream, "
+    "dropped (the pending queue was full, or still pending at shutdown: lost), or failed (one publish "
+    "attempt of one event that failed and is retried).",
+    ["result"])
+
+AUDIT_EVENTS_PENDING = Gauge(
+    "context_engine_audit_events_pending",
+    "AuditAccessEvents recorded and not yet on the audit:access stream (queued or being retried).")
+
 
 # -- the stream worker ----------------------------------------------------------------------
 

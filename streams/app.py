@@ -10,6 +10,7 @@ order, one family of agents at a time (streams/agents/):
 - `embedding-pipeline` — EmbeddingJobs -> `embedding.recorded` events, and `reindex-worker` —
   ReindexJobs: re-embed a scope with the running model (streams/agents/embedding.py);
 - `baseline-calculator` — BaselineMetricEvents -> savings per org and model (streams/agents/savings.py);
+- `audit-writer` — AuditAccessEvents -> the audit trail's rows (streams/agents/audit.py);
 - `pii-scanner` — PII scans of pushed memory -> `memory.scrubbed` events (streams/agents/pii.py);
 - a timer and a start task that sweep work asked for and not done (streams/agents/sweep.py), and
   the task giving written chunks the vectors the projector applied (`assign_vectors`).
@@ -38,6 +39,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from context_engine.config import Settings
 from context_engine.guardrails.trust import load_trust
 from context_engine.metrics import serve_metrics
+from streams.agents.audit import register_audit_writer
 from streams.agents.embedding import register_embedding_pipeline, register_reindex_worker
 from streams.agents.indexing import register_chunk_indexer
 from streams.agents.pii import register_pii_scanner
@@ -102,6 +104,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     register_embedding_pipeline(app, resources)
     register_reindex_worker(app, resources)
     register_baseline_calculator(app, resources)
+    register_audit_writer(app, resources)
     register_pii_scanner(app, resources)
     register_sweep_timer(app, resources)
     register_vector_assignment(app, resources)

@@ -5,6 +5,7 @@ its agents, timers or tasks on the Faust app (streams/app.py `create_app` calls 
 - indexing.py — `chunk-indexer`;
 - embedding.py — `embedding-pipeline`, `reindex-worker`;
 - savings.py — `baseline-calculator`;
+- audit.py — `audit-writer`;
 - pii.py — `pii-scanner`;
 - sweep.py — the backlog sweep, every `SWEEP_INTERVAL_S` and once at start.
 

@@ -26,7 +26,7 @@ from streams.topics import LogTopics
 from streams.vector_assigner import VectorAssigner
 
 # The job streams the worker consumes or publishes, each one faust topic shared by both.
-JOB_KINDS = ("embedding", "reindex", "pii", "indexing", "compaction", "metrics:baseline")
+JOB_KINDS = ("embedding", "reindex", "pii", "indexing", "compaction", "metrics:baseline", "audit:access")
 
 
 class WorkerResources:
