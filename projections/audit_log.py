@@ -67,7 +67,7 @@ async def apply_audit_rows(pool: asyncpg.Pool, rows: Sequence[AuditRow]) -> int:
                 "INSERT INTO audit_access (org_id, message_id, actor_pillar, actor_team, actor_agent, "
                 "  resource_type, resource_id, operation, share_id, outcome, denial_reason, occurred_at) "
                 "SELECT $1, u.* FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], "
-                "  $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::timestamptz[]) "
+                "  $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::timestamptz[]) AS u "
                 "ON CONFLICT (org_id, message_id) DO NOTHING RETURNING message_id",
                 org_id, [uuid.UUID(r.message_id) for r in group],
                 [_text(r.actor_pillar) for r in group], [_text(r.actor_team) for r in group],
