@@ -14,6 +14,7 @@ from context_engine.events import Event, SessionRef
 from inference.embedder import Embedder
 from inference.query_vectors import QueryVectors
 from streams.acknowledgement import ArchiveWatch, append_and_wait
+from streams.audit import AuditTrail, RecordedAudit
 from streams.freshness import SessionFreshness
 from streams.log import EventLog
 
@@ -29,6 +30,7 @@ class Deps:
     embedder: Embedder
     query_vectors: QueryVectors
     write_budget: WriteBudget = field(default_factory=lambda: WriteBudget(0, 1))  # none unless given
+    audit: AuditTrail = field(default_factory=RecordedAudit)
 
     async def append(self, event: Event, session: SessionRef, *, idempotency_key: str = "") -> str | None:
         """Append and return once the event is archived and projected (streams/acknowledgement.py):

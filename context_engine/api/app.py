@@ -1,5 +1,6 @@
-"""The ContextEngine API process, and its composition root: the pool, the producer and the
-archive watch live as long as the server, opened before it serves and closed after it stops."""
+"""The ContextEngine API process, and its composition root: the pool, the producer, the archive
+watch and the audit trail's publisher live as long as the server, opened before it serves and
+closed after it stops."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from projections.database import create_pool
 from projections.migrate import APP_ROLE, app_url
 from streams import readiness
 from streams.acknowledgement import ArchiveWatch
+from streams.audit import AuditHealth, AuditPublisher, follow_health
 from streams.freshness import SessionFreshness
 from streams.kafka_security import client_security
 from streams.log import EventLog, record_bytes_limit
@@ -37,6 +39,9 @@ from upsquad.context.v1 import context_pb2, context_pb2_grpc
 log = structlog.get_logger("context_engine.api")
 
 SERVICE_NAME = context_pb2.DESCRIPTOR.services_by_name["ContextEngine"].full_name
+# The audit trail's own grpc.health.v1 name: NOT_SERVING while audit events are not published
+# (streams/audit.py), while the API itself stays SERVING (docs/operations.md, "The audit trail").
+AUDIT_HEALTH_SERVICE = "context_engine.audit"
 
 
 def api_database_url(settings: Settings) -> str:
@@ -72,15 +77,18 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
                          hold_timeout=settings.ack_timeout_seconds,
                          max_record_bytes=record_bytes_limit(settings.max_content_bytes))
     watch = ArchiveWatch(url, pool)
+    audit = AuditPublisher(event_log, topics.jobs["audit:access"])
     # Queries of concurrent calls share model runs (inference/coalescing_embedder.py).
     embedder = CoalescingEmbedder(embedder_from_settings(settings, threads=settings.query_embedder_threads))
     try:
         await event_log.start()
         await watch.start()
+        audit.start()
         yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool,
                    SessionOwners(pool), embedder, QueryVectors(embedder, settings.query_vectors_remembered),
-                   WriteBudget.from_settings(settings))
+                   WriteBudget.from_settings(settings), audit=audit)
     finally:
+        await audit.stop()  # before the log: what is pending is published first, for a few seconds at most
         await embedder.aclose()
         await watch.stop()
         await event_log.stop()
@@ -115,14 +123,29 @@ async def run_api(settings: Settings, process_index: int = 0) -> None:
         if settings.metrics_port >= 0:  # bound before serving: a taken port fails the start, not later
             metrics = serve_metrics(settings.api_host, settings.metrics_port and settings.metrics_port + process_index)
         follower = await start_serving(server, settings)
+        audit_health = await report_audit_health(server, deps)
         log.info("serving", service=SERVICE_NAME, address=f"{settings.api_host}:{server.port}",
                  process=process_index, metrics=metrics and f"http://{settings.api_host}:{metrics}/metrics")
         signal_name = await wait_for_termination_signal()
         log.info("stopping", signal=signal_name, grace_s=settings.shutdown_grace_seconds)
         if follower is not None:
             follower.cancel()
+        if audit_health is not None:
+            audit_health.cancel()
         await server.stop(settings.shutdown_grace_seconds)
     log.info("stopped")
+
+
+async def report_audit_health(server: HostedServer, deps: Deps) -> asyncio.Task | None:
+    """The audit publisher's state on AUDIT_HEALTH_SERVICE, and in the log when it changes."""
+    if not isinstance(deps.audit, AuditPublisher):
+        return None
+    await server.set_health(AUDIT_HEALTH_SERVICE, deps.audit.health().ok)
+
+    async def changed(health: AuditHealth) -> None:
+        await server.set_health(AUDIT_HEALTH_SERVICE, health.ok)
+
+    return asyncio.create_task(follow_health(deps.audit, changed), name="audit-health")
 
 
 async def start_serving(server: HostedServer, settings: Settings) -> asyncio.Task | None:

@@ -8,14 +8,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
+import gc
 import time
 from types import SimpleNamespace
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
+from context_engine.api.app import AUDIT_HEALTH_SERVICE, report_audit_health
 from context_engine.errors import Unavailable
 from context_engine.scope import Scope
+from context_engine.serving.server import NOT_SERVING, SERVING, build_server
+from projections.records import LogRecord
 from streams.agents.audit import readable_rows
 from streams.audit import AccessAttempt, AuditPublisher, RecordedAudit, follow_health
 from streams.jobs import audit_access, audit_row, envelope, open_envelope, scope_path
@@ -224,6 +230,45 @@ async def test_follow_health_reports_each_change(publishers):
         await asyncio.wait({follower})
 
 
+async def test_the_api_reports_a_broken_audit_stream_on_its_own_health_name_and_stays_serving(publishers):
+    log = FakeLog()
+    publisher = publishers(log, flush_within_s=0.01, retry_max_s=0.02)
+    publisher.start()
+    server = build_server("127.0.0.1:0", [])
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    health = health_pb2_grpc.HealthStub(channel)
+    statuses: dict[str, int] = {}
+
+    async def check(*names: str) -> dict[str, int]:
+        for name in names:
+            statuses[name] = (await health.Check(health_pb2.HealthCheckRequest(service=name))).status
+        return statuses
+
+    reporter = await report_audit_health(server, SimpleNamespace(audit=publisher))  # type: ignore[arg-type]
+    try:
+        assert reporter is not None
+        assert await check("", AUDIT_HEALTH_SERVICE) == {"": SERVING, AUDIT_HEALTH_SERVICE: SERVING}
+        log.down = True
+        publisher.record(attempt(1))
+        deadline = time.monotonic() + 30
+        while (await check(AUDIT_HEALTH_SERVICE))[AUDIT_HEALTH_SERVICE] != NOT_SERVING:
+            assert time.monotonic() < deadline, "the broken audit stream was not reported"
+            await asyncio.sleep(0.05)
+        assert (await check(""))[""] == SERVING  # every other call is still served
+        log.down = False
+        while (await check(AUDIT_HEALTH_SERVICE))[AUDIT_HEALTH_SERVICE] != SERVING:
+            assert time.monotonic() < deadline, "the recovered audit stream was not reported"
+            await asyncio.sleep(0.05)
+    finally:
+        if reporter is not None:
+            reporter.cancel()
+            await asyncio.wait({reporter})
+        await channel.close()
+        await server.stop(0)
+        gc.unfreeze()
+
+
 def test_recorded_audit_keeps_what_it_is_given():
     trail = RecordedAudit()
     trail.record(attempt(1))
@@ -258,9 +303,6 @@ def test_the_writer_skips_what_no_publisher_writes():
     other_org = envelope("audit:access", Scope("org-b"), stream_pb2.AuditAccessEvent(
         actor_scope=scope_path(ACTOR), target_resource_id="x", outcome="allowed"))
 
-    def event(value: bytes, offset: int):
-        return SimpleNamespace(value=value, message=SimpleNamespace(topic=TOPIC, partition=0, offset=offset))
-
-    rows = readable_rows([event(b"\xff not protobuf", 0), event(odd_outcome.value, 1), event(other_org.value, 2),
-                          event(good.value, 3)])
+    rows = readable_rows([LogRecord(TOPIC, 0, n, value) for n, value in enumerate(
+        [b"\xff not protobuf", odd_outcome.value, other_org.value, good.value])])
     assert [r.message_id for r in rows] == [good.message_id]
