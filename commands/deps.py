@@ -32,8 +32,9 @@ class Deps:
     write_budget: WriteBudget = field(default_factory=lambda: WriteBudget(0, 1))  # none unless given
     audit: AuditTrail = field(default_factory=RecordedAudit)
 
-    async def append(self, event: Event, session: SessionRef, *, idempotency_key: str = "") -> str | None:
+    async def append(self, event: Event, session: SessionRef | None, *, idempotency_key: str = "") -> str | None:
         """Append and return once the event is archived and projected (streams/acknowledgement.py):
-        the projector's outcome, or None when it must be read back; EventRejected when it was set aside."""
+        the projector's outcome, or None when it must be read back; EventRejected when it was set aside.
+        `session`: the session the event writes (its reads wait for it), None for an event of no session."""
         return await append_and_wait(self.log, self.watch, self.freshness, event, session,
                                      timeout=self.settings.ack_timeout_seconds, idempotency_key=idempotency_key)

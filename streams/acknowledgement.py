@@ -30,6 +30,8 @@ from context_engine.events import (
     EVENT_INGESTED,
     MEMORY_PUSHED,
     SESSION_ROLLED_BACK,
+    SHARE_CREATED,
+    SHARE_REVOKED,
     SNAPSHOT_CREATED,
     Event,
     SessionRef,
@@ -99,6 +101,12 @@ def retry_advice(event: Event, idempotency_key: str = "") -> RetryAdvice:
                            "was applied and nothing was written to the session since, the state stays the "
                            "same (one more rollback is recorded); anything written since is rolled back too",
                            {"target_version_hash": p["target_version"]})
+    if event.type == SHARE_CREATED:
+        return RetryAdvice(f"ListShares shows whether share {p['share_id']} was created; a retry creates a "
+                           "second grant of the same resource", {"share_id": p["share_id"]})
+    if event.type == SHARE_REVOKED:
+        return RetryAdvice(f"a retry of the revocation of share {p['share_id']} answers with the first "
+                           "revocation's time if this one was applied", {"share_id": p["share_id"]})
     return RetryAdvice("a retry appends a second event")
 
 
@@ -186,14 +194,15 @@ class ArchiveWatch:
 
 
 async def append_and_wait(log: EventLog, watch: ArchiveWatch, freshness: SessionFreshness, event: Event,
-                          session: SessionRef, *, timeout: float, idempotency_key: str = "") -> str | None:
+                          session: SessionRef | None, *, timeout: float, idempotency_key: str = "") -> str | None:
     """Append and return once the event is archived and projected: the acknowledgement point.
     Returns the projector's outcome (APPLIED, OUT_OF_SCOPE…), or None when it must be read back.
     An event the projector set aside is refused here (EventRejected), for every command.
     `idempotency_key`: the key a retry of this request sends (IngestEvent, PushContext), named
-    in the UNAVAILABLE answers together with the event id."""
+    in the UNAVAILABLE answers together with the event id. `session` None: an event of no session
+    (a share grant), which no session read waits for."""
     advice = retry_advice(event, idempotency_key)
-    async with freshness.appending(session):
+    async with freshness.appending(session) if session else contextlib.nullcontext():
         watch.expect(event.event_id)
         try:
             position = await log.append(event)
