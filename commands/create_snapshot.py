@@ -41,7 +41,7 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
     validation.name(command.snapshot_name, "snapshot_name")
     org = principal.scope.org_id
     own = Visibility.of(principal.scope)  # the name is taken only by this scope's own snapshot
-    async with visible_session(deps, principal, command.session_id) as (conn, _):
+    async with visible_session(deps, principal, command.session_id, "create_snapshot") as (conn, _):
         found = await queries.snapshot_by_name(conn, org, command.session_id, command.snapshot_name, own)
         if found is not None and found.scope_path == principal.scope.path:
             raise _taken(command.session_id, command.snapshot_name)

@@ -18,7 +18,7 @@ import asyncio
 from dataclasses import dataclass
 
 from commands.deps import Deps
-from commands.session_access import session_claimed_elsewhere
+from commands.session_access import refused_write, require_writable, session_claimed_elsewhere
 from commands.write_budget import write_bytes
 from context_engine import validation
 from context_engine.auth import Principal
@@ -110,12 +110,12 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
         await deps.freshness.wait(session)
         if (first := await _first(deps, org, command, event, body)) is not None:
             return first
-    await deps.owners.require_writable(principal.scope, command.session_id)
+    await require_writable(deps, principal, command.session_id, "write")
 
     outcome = await deps.append(event, session, idempotency_key=command.idempotency_key
                                 or event_key(event.event_id))
     if outcome == Outcome.OUT_OF_SCOPE:  # another scope created the session first
-        raise session_claimed_elsewhere(command.session_id)
+        raise refused_write(deps, principal, command.session_id, "write")
     if outcome != Outcome.APPLIED or retried_id:
         # A concurrent call won the key or the id (IDEMPOTENCY_KEY_TAKEN, DUPLICATE; an APPLIED
         # heard for a retried id may be the first record's), or the outcome must be read back.
@@ -123,7 +123,7 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
             return first
         if retried_id:  # archived, but not in this org: the id is another's
             raise key_reused(command.idempotency_key, retried_id)
-        raise session_claimed_elsewhere(command.session_id)  # archived, not applied: OUT_OF_SCOPE
+        raise refused_write(deps, principal, command.session_id, "write")  # archived, not applied: OUT_OF_SCOPE
     return Ingested(event.event_id, body.content_sha256, body.token_count)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from commands.deps import Deps
 from commands.ingest_event import event_key, first_with_id, idempotency_key, key_reused
-from commands.session_access import session_claimed_elsewhere
+from commands.session_access import refused_write, require_writable
 from commands.write_budget import write_bytes
 from context_engine import validation
 from context_engine.auth import Principal
@@ -74,18 +74,18 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
         await deps.freshness.wait(session)
         if (first := await _first(deps, org, command, event)) is not None:
             return first
-    await deps.owners.require_writable(principal.scope, command.session_id)
+    await require_writable(deps, principal, command.session_id, "write")
 
     outcome = await deps.append(event, session,
                                 idempotency_key=command.idempotency_key or event_key(event.event_id))
     if outcome == Outcome.OUT_OF_SCOPE:
-        raise session_claimed_elsewhere(command.session_id)
+        raise refused_write(deps, principal, command.session_id, "write")
     if outcome != Outcome.APPLIED or retried_id:  # DUPLICATE, or heard the first record's APPLIED, or read back
         if (first := await _first(deps, org, command, event)) is not None:
             return first
         if retried_id:  # archived, but not in this org: the id is another's
             raise key_reused(command.idempotency_key, retried_id)
-        raise session_claimed_elsewhere(command.session_id)
+        raise refused_write(deps, principal, command.session_id, "write")
     return Pushed(body.content_sha256, event.occurred)
 
 

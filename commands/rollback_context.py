@@ -8,7 +8,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from commands.deps import Deps
-from commands.session_access import require_rewritable, session_claimed_elsewhere, visible_session
+from commands.session_access import refused_write, require_rewritable, visible_session
 from context_engine import clearance, validation
 from context_engine.auth import Principal
 from context_engine.errors import NotFound
@@ -34,7 +34,8 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     validation.session_id(command.session_id)
     validation.version_hash(command.target_version_hash, "target_version_hash")
     org = principal.scope.org_id
-    async with visible_session(deps, principal, command.session_id, require=require_rewritable) as (conn, _):
+    async with visible_session(deps, principal, command.session_id, "rollback",
+                               require=require_rewritable) as (conn, _):
         if await queries.session_has_version(conn, org, command.session_id,
                                              command.target_version_hash) is None:
             raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
@@ -45,7 +46,7 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
                      scope=principal.scope, actor=principal.subject, aggregate=session.aggregate)
     outcome = await deps.append(event, session)
     if outcome == Outcome.OUT_OF_SCOPE:  # the projector applies the same rule
-        raise session_claimed_elsewhere(command.session_id)
+        raise refused_write(deps, principal, command.session_id, "rollback")
     if outcome == Outcome.UNKNOWN_TARGET:
         raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
                        reason="VERSION_NOT_FOUND", metadata={"field": "target_version_hash"})

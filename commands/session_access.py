@@ -9,6 +9,7 @@ from collections import OrderedDict
 
 import asyncpg
 
+from commands import access_audit
 from context_engine.errors import NotFound, PermissionDenied
 from context_engine.events import SessionRef
 from context_engine.scope import Scope
@@ -48,16 +49,38 @@ def session_claimed_elsewhere(session_id: str) -> PermissionDenied:
                             reason="SESSION_OUT_OF_SCOPE", metadata={"field": "session_id"})
 
 
+def refused_write(deps, principal, session_id: str, operation: str) -> PermissionDenied:
+    """The refusal of a write to another scope's session, audited."""
+    access_audit.denied(deps, principal, "session", session_id, operation, "session_out_of_scope")
+    return session_claimed_elsewhere(session_id)
+
+
+async def require_writable(deps, principal, session_id: str, operation: str) -> None:
+    """PERMISSION_DENIED (audited) unless the caller is the session's owner scope or below it."""
+    try:
+        await deps.owners.require_writable(principal.scope, session_id)
+    except PermissionDenied:
+        raise refused_write(deps, principal, session_id, operation) from None
+
+
 @contextlib.asynccontextmanager
-async def visible_session(deps, principal, session_id: str, *, require=require_readable):
+async def visible_session(deps, principal, session_id: str, operation: str, *, require=require_readable):
     """For commands about an existing session: wait for this process's writes to it, then yield
     a read-only transaction (app.org_id set) and the session, or NOT_FOUND if the caller may not see
     it. `require=require_rewritable` for commands that rewrite it (PERMISSION_DENIED unless the
-    caller is its owner scope)."""
+    caller is its owner scope). Refusing an existing session is an audited `operation` attempt."""
     org = principal.scope.org_id
     await deps.freshness.wait(SessionRef(org, session_id))
     async with org_transaction(deps.pool, org, readonly=True) as conn:
-        yield conn, require(await queries.get_session(conn, org, session_id), principal.scope, session_id)
+        session = await queries.get_session(conn, org, session_id)
+        try:
+            checked = require(session, principal.scope, session_id)
+        except (NotFound, PermissionDenied) as exc:
+            if session is not None:
+                access_audit.denied(deps, principal, "session", session_id, operation,
+                                    "not_visible" if isinstance(exc, NotFound) else exc.reason.lower())
+            raise
+        yield conn, checked
 
 
 class SessionOwners:

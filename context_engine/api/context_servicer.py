@@ -11,13 +11,16 @@ import datetime as dt
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from commands.assemble_context import AssembleContext, assemble_context
+from commands.create_share import CreateShare, create_share
 from commands.create_snapshot import CreateSnapshot, create_snapshot
 from commands.deps import Deps
 from commands.embed_texts import EmbedTexts, embed_texts
 from commands.ingest_event import IngestEvent, ingest_event
+from commands.list_shares import ListShares, list_shares
 from commands.pull_context import PullContext, pull_context
 from commands.push_context import PushContext, push_context
 from commands.resolve_guardrail_layers import resolve_guardrail_layers
+from commands.revoke_share import RevokeShare, revoke_share
 from commands.rollback_context import RollbackContext, rollback_context
 from commands.search import search
 from commands.validate_prompt import ValidatePrompt, validate_prompt
@@ -36,9 +39,6 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 # Where each RPC not built yet is built: the issue that brings it.
 PENDING: dict[str, str] = {
     "Compact": "a later issue (compaction worker)",
-    "CreateShare": "a later issue (shares)",
-    "RevokeShare": "a later issue (shares)",
-    "ListShares": "a later issue (shares)",
 }
 
 
@@ -109,6 +109,27 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
         return pb.RollbackContextResponse(restored_version_hash=result.restored_version_hash,
                                           rolled_back_at=timestamp(result.rolled_back_at))
 
+    async def CreateShare(self, request: pb.CreateShareRequest, context) -> pb.CreateShareResponse:
+        result = await create_share(self.deps, current_principal(), CreateShare(
+            resource_id=request.resource_id, resource_type=request.resource_type,
+            grantee_scope=request.grantee_scope, grantee_scope_id=request.grantee_scope_id,
+            permissions=tuple(request.permissions), reason=request.reason))
+        return pb.CreateShareResponse(share_id=result.share_id, created_at=timestamp(result.created_at))
+
+    async def RevokeShare(self, request: pb.RevokeShareRequest, context) -> pb.RevokeShareResponse:
+        result = await revoke_share(self.deps, current_principal(), RevokeShare(
+            share_id=request.share_id, reason=request.reason))
+        return pb.RevokeShareResponse(revoked_at=timestamp(result.revoked_at))
+
+    async def ListShares(self, request: pb.ListSharesRequest, context) -> pb.ListSharesResponse:
+        result = await list_shares(self.deps, current_principal(), ListShares(
+            page=request.page, page_size=request.page_size))
+        return pb.ListSharesResponse(total_count=result.total_count, shares=[
+            pb.ShareGrant(share_id=g.share_id, resource_id=g.resource_id, resource_type=g.resource_type,
+                          grantor_scope_id=g.grantor_path, grantee_scope=g.grantee_scope,
+                          grantee_scope_id=g.grantee_path, permissions=list(g.permissions), reason=g.reason,
+                          created_at=timestamp(g.created_at))
+            for g in result.grants])
 
     async def Search(self, request: pb.SearchRequest, context) -> pb.SearchResponse:
         outcome = await search(self.deps, current_principal(), SearchQuery(
@@ -117,7 +138,8 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
         return pb.SearchResponse(
             results=[pb.SearchResult(chunk_id=s.chunk_id, content=s.payload.content, score=s.score,
                                      source=s.payload.source,
-                                     metadata=search_result_metadata(s, outcome.expansion_applied))
+                                     metadata=search_result_metadata(s, outcome.expansion_applied,
+                                                                     outcome.share_of(s.chunk_id)))
                      for s in r.results],
             effective_min_score=r.effective_min_score, results_below_threshold=r.results_below_threshold,
             outcome=int(r.outcome))
@@ -145,9 +167,10 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
                                          violation_detail=v.violation_detail or "")
 
 
-def search_result_metadata(scored, expansion_applied: bool) -> dict[str, str]:
-    """The chunk's own metadata plus why it was returned: its provenance and each fused signal
-    (keys under `engine.`; docs/retrieval.md)."""
+def search_result_metadata(scored, expansion_applied: bool, share_id: str = "") -> dict[str, str]:
+    """The chunk's own metadata plus why it was returned: its provenance, the share it came
+    through when the caller sees it only by a grant, and each fused signal (keys under `engine.`;
+    docs/retrieval.md)."""
     hit = scored.payload
     meta = {str(k): v if isinstance(v, str) else str(v) for k, v in hit.metadata.items()}
     meta.update({
@@ -165,6 +188,8 @@ def search_result_metadata(scored, expansion_applied: bool) -> dict[str, str]:
         "engine.fusion": HYBRID.name,
         "engine.expansion_applied": "true" if expansion_applied else "false",
     })
+    if share_id:
+        meta["engine.share_id"] = share_id
     return meta
 
 

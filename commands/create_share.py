@@ -1,0 +1,117 @@
+"""CreateShare (clearance L3+; L4+ when the grantee is in another pillar): grants a grantee
+scope `read` and/or `use_in_assembly` on one chunk, snapshot or guardrail layer the caller sees
+by ownership (context_engine/visibility.py). The grant is a share.created event; the projector
+checks the resource again when it applies it (projections/share_grants.py).
+
+`grantee_scope_id` is the grantee's scope path ("acme/sales/apac" for a team): ids are unique
+only within their parent, so the path is what names one scope. It must be in the caller's org
+and as deep as `grantee_scope` says. A grantee in another pillar than the grantor's — also the
+org itself, whose grant reaches every pillar, or any scope when the grantor is the org — makes
+the share cross-pillar."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+from commands import access_audit
+from commands.deps import Deps
+from context_engine import clearance, validation
+from context_engine.auth import Principal
+from context_engine.errors import ClearanceTooLow, InvalidArgument, NotFound, PermissionDenied
+from context_engine.events import Event, ShareCreated, share_aggregate
+from context_engine.scope import LEVELS, Scope
+from context_engine.visibility import Visibility
+from projections import share_grants
+from projections.database import org_transaction
+
+MAX_REASON = 1024
+
+
+@dataclass(frozen=True)
+class CreateShare:
+    resource_id: str
+    resource_type: str
+    grantee_scope: str
+    grantee_scope_id: str
+    permissions: tuple[str, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Created:
+    share_id: str
+    created_at: dt.datetime
+
+
+def grantee(level: str, scope_id: str, org_id: str) -> Scope:
+    """The grantee named by its level and path, in `org_id`."""
+    field = "grantee_scope_id"
+    if not scope_id:
+        raise InvalidArgument(field, "is required: the grantee's scope path, e.g. 'acme/sales/apac' for a team")
+    parts = scope_id.split("/")
+    for part in parts:
+        validation.identifier(part, field)
+    if len(parts) != LEVELS.index(level) + 1:
+        raise InvalidArgument(field, f"names a scope {len(parts)} level(s) deep; a {level} is "
+                                     f"{LEVELS.index(level) + 1} (the path from the org down, '/'-separated)")
+    if parts[0] != org_id:
+        raise PermissionDenied(f"grantee_scope_id: {scope_id[:80]!r} is not in the caller's org {org_id!r}; "
+                               "grants stay within an org", reason="GRANTEE_OUTSIDE_ORG",
+                               metadata={"field": field})
+    return Scope(*parts)
+
+
+def permissions(values: tuple[str, ...]) -> tuple[str, ...]:
+    if not values:
+        raise InvalidArgument("permissions", f"is required: one or more of {', '.join(share_grants.PERMISSIONS)}")
+    for value in values:
+        validation.one_of(value, share_grants.PERMISSIONS, "permissions")
+    return tuple(sorted(set(values)))
+
+
+def is_cross_pillar(grantor: Scope, grantee_scope: Scope) -> bool:
+    return grantee_scope.pillar_id != grantor.pillar_id
+
+
+async def create_share(deps: Deps, principal: Principal, command: CreateShare) -> Created:
+    resource_type = validation.one_of(command.resource_type, share_grants.RESOURCE_TYPES, "resource_type")
+    resource_id = validation.uuid_text(command.resource_id, "resource_id", f"{resource_type} id").lower()
+    level = validation.one_of(command.grantee_scope, LEVELS, "grantee_scope")
+    granted = permissions(command.permissions)
+    reason = validation.label(command.reason, "reason", MAX_REASON)
+    org = principal.scope.org_id
+    try:
+        to = grantee(level, command.grantee_scope_id, org)
+        clearance.require(principal.clearance, clearance.Action.CREATE_SHARE)
+        if is_cross_pillar(principal.scope, to):
+            clearance.require(principal.clearance, clearance.Action.CREATE_CROSS_PILLAR_SHARE)
+    except (ClearanceTooLow, PermissionDenied) as exc:
+        access_audit.denied(deps, principal, resource_type, resource_id, "create_share", exc.reason.lower())
+        raise
+    owner_view = Visibility.of(principal.scope)
+    async with org_transaction(deps.pool, org, readonly=True) as conn:
+        if not await share_grants.shareable(conn, org, resource_type, resource_id, owner_view):
+            refusal = await share_grants.denial_reason(conn, org, owner_view, resource_type, resource_id, "read")
+            if refusal is not None:  # another scope's resource: a cross-scope attempt
+                access_audit.denied(deps, principal, resource_type, resource_id, "create_share",
+                                    "not_grantable" if refusal != "not_visible" else refusal)
+            raise _not_found(resource_type, resource_id)
+
+    share_id = str(uuid.uuid4())
+    event = Event.of(ShareCreated(share_id, resource_type, resource_id, level, to.path, granted, reason),
+                     scope=principal.scope, actor=principal.subject, aggregate=share_aggregate(org, share_id))
+    await deps.append(event, None)
+    async with org_transaction(deps.pool, org, readonly=True) as conn:
+        grant = await share_grants.grant_by_id(conn, org, share_id)
+    if grant is None:  # OUT_OF_SCOPE: the resource left the caller's view between the check and the append
+        raise _not_found(resource_type, resource_id)
+    access_audit.allowed(deps, principal, resource_type, resource_id, "create_share", share_id=share_id)
+    return Created(share_id, grant.created_at)
+
+
+def _not_found(resource_type: str, resource_id: str) -> NotFound:
+    """One answer for absent, another scope's, and seen only through a grant: no existence oracle."""
+    return NotFound(f"resource_id: no {resource_type} {resource_id} the caller may share (a scope shares what "
+                    "it owns or its ancestors own)", reason="RESOURCE_NOT_FOUND", metadata={"field": "resource_id"})
