@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from commands import access_audit
 from commands.deps import Deps
 from commands.session_access import require_readable
 from context_engine import validation
 from context_engine.auth import Principal
 from context_engine.concurrency import alongside
-from context_engine.errors import DomainError, InvalidArgument
+from context_engine.errors import DomainError, InvalidArgument, NotFound
 from context_engine.events import CompactionThreshold, Event, SessionRef
 from context_engine.guardrails.trust import trusted_fingerprints
 from context_engine.hashing import merkle_root, sha256_hex
@@ -122,7 +123,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     async with alongside(_retrieve(deps, scope, visible, cmd.task_description, floor,
                                    cmd.token_budget)) as retrieval_task:
         with timed("assemble", "session_read"):
-            reads = await _read_session(deps, scope, cmd, pinned_ids, required_keys)
+            reads = await _read_session(deps, principal, cmd, pinned_ids, required_keys)
         with timed("assemble", "retrieval_wait"):
             retrieval, failure = await retrieval_task
     retrieved = [Block("retrieved", s.payload.content, key=s.chunk_id, score=s.score,
@@ -147,6 +148,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     prompt_id = sha256_hex(packed.prompt.encode("utf-8"))
     with timed("assemble", "chunk_ids"):
         chunk_ids = await _chunk_ids(deps, org, visible, packed)
+    _audit_shared(deps, principal, packed, {**(retrieval.shared if retrieval else {}), **reads.pinned_shares})
     quality = _quality(retrieval, failure, packed, floor)
     baseline = 0
     if random.random() < deps.settings.tenant_sample_rate(org):
@@ -163,17 +165,40 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         chunk_ids=chunk_ids, quality=quality)
 
 
-async def _read_session(deps: Deps, scope, cmd: AssembleContext, pinned_ids: list[str],
+async def _read_session(deps: Deps, principal: Principal, cmd: AssembleContext, pinned_ids: list[str],
                         required_keys: list[str]) -> SessionReads:
     """The session's reads (projections/session_reads.py) in one read-only transaction: history
-    turns only as far back as HISTORY_READ_FACTOR times the budget in stored tokens."""
+    turns only as far back as HISTORY_READ_FACTOR times the budget in stored tokens. A session
+    or a pinned chunk of another scope is refused as absent, and audited."""
+    scope = principal.scope
     trusted = trusted_fingerprints(deps.settings)  # UNAVAILABLE rather than a prompt without its layers
-    async with org_transaction(deps.pool, scope.org_id, readonly=True) as conn:
-        return await session_reads.read_session(
-            conn, scope, cmd.session_id, authorize=lambda session: require_readable(session, scope, cmd.session_id),
-            trusted=trusted, pinned_ids=pinned_ids, required_keys=required_keys,
-            window=deps.settings.history_window, read_tokens=int(HISTORY_READ_FACTOR * cmd.token_budget),
-            scanned=lambda memory: await_scan(deps.pool, memory, deps.settings.pii_scan_wait_seconds))
+
+    def authorize(session) -> None:
+        try:
+            require_readable(session, scope, cmd.session_id)
+        except NotFound:
+            access_audit.denied(deps, principal, "session", cmd.session_id, "use_in_assembly", "not_visible")
+            raise
+
+    try:
+        async with org_transaction(deps.pool, scope.org_id, readonly=True) as conn:
+            return await session_reads.read_session(
+                conn, scope, cmd.session_id, authorize=authorize,
+                trusted=trusted, pinned_ids=pinned_ids, required_keys=required_keys,
+                window=deps.settings.history_window, read_tokens=int(HISTORY_READ_FACTOR * cmd.token_budget),
+                scanned=lambda memory: await_scan(deps.pool, memory, deps.settings.pii_scan_wait_seconds))
+    except NotFound as exc:
+        if exc.reason == "PINNED_CHUNK_NOT_FOUND":
+            await access_audit.denied_resources(deps, principal, "chunk", exc.metadata["chunk_ids"].split(","),
+                                                "use_in_assembly")
+        raise
+
+
+def _audit_shared(deps: Deps, principal: Principal, packed: Packed, shared: dict[str, str]) -> None:
+    """An audited use of each chunk in the prompt that came through a grant."""
+    for b in packed.blocks:
+        if b.kind in ("pinned", "retrieved") and b.key in shared:
+            access_audit.allowed(deps, principal, "chunk", b.key, "use_in_assembly", share_id=shared[b.key])
 
 
 def _history_exhausted(packed: Packed, history: list[Block]) -> bool:
@@ -207,7 +232,8 @@ async def _retrieve(deps: Deps, scope, visible: Visibility, task: str, floor: fl
             totals = await corpus_totals.visible_totals(conn, scope.org_id, visible)
             return retrieval_depth(token_budget, totals.tokens, totals.chunks)
 
-        return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task), floor, depth=depth), ""
+        return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task), floor, depth=depth,
+                            permission="use_in_assembly"), ""
     except DomainError as exc:
         if isinstance(exc, InvalidArgument):
             raise InvalidArgument("task_description", exc.message) from exc

@@ -1,4 +1,5 @@
-"""PullContext: an agent's latest memory, or the memory a named snapshot holds, read from
+"""PullContext: an agent's latest memory, or the memory a named snapshot holds (the caller's, or
+one shared with it for `read`: an audited read), read from
 PostgreSQL (the primary) once the session's writes are visible (projections/pull_context.py).
 
 Pushed memory is returned only after its PII scan (docs/pii.md): a version still 'pending' is
@@ -11,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from commands import access_audit
 from commands.deps import Deps
 from context_engine import validation
 from context_engine.auth import Principal
-from context_engine.errors import InvalidArgument
+from context_engine.errors import InvalidArgument, NotFound
 from context_engine.events import SessionRef
 from context_engine.visibility import Visibility
+from projections import queries
 from projections.database import org_transaction
 from projections.pull_context import Pulled, await_scan, read_memory
 
@@ -45,9 +48,18 @@ async def pull_context(deps: Deps, principal: Principal, query: PullContext) -> 
     agent_id = query.agent_id or principal.scope.agent_id
     if query.session_id:
         await deps.freshness.wait(SessionRef(org, query.session_id))
-    async with org_transaction(deps.pool, org, readonly=True) as conn:
-        pulled = await read_memory(conn, org, agent_id, query.session_id, query.snapshot_name,
-                                   Visibility.of(principal.scope))
+    try:
+        async with org_transaction(deps.pool, org, readonly=True) as conn:
+            pulled = await read_memory(conn, org, agent_id, query.session_id, query.snapshot_name,
+                                       Visibility.of(principal.scope))
+    except NotFound as exc:
+        if exc.reason == "SNAPSHOT_NOT_FOUND":  # another scope's snapshot of the name is a cross-scope attempt
+            async with org_transaction(deps.pool, org, readonly=True) as conn:
+                named = await queries.snapshot_ids_named(conn, org, query.session_id, query.snapshot_name)
+            await access_audit.denied_resources(deps, principal, "snapshot", named, "read")
+        raise
+    if pulled.share_id:
+        access_audit.allowed(deps, principal, "snapshot", pulled.snapshot_id, "read", share_id=pulled.share_id)
     if pulled.memory.pii_status == "pending":
         memory = await await_scan(deps.pool, pulled.memory, deps.settings.pii_scan_wait_seconds)
         pulled = dataclasses.replace(pulled, memory=memory)

@@ -1,8 +1,10 @@
-"""Search: hybrid retrieval over the caller's visible corpus (projections/search.py), with the
-caller's tenant floor when the request sends none."""
+"""Search: hybrid retrieval over the caller's visible corpus (projections/search.py) and the
+chunks shared with it for `read`, with the caller's tenant floor when the request sends none.
+Each result that came through a grant is an audited read (commands/access_audit.py)."""
 
 from __future__ import annotations
 
+from commands import access_audit
 from commands.deps import Deps
 from context_engine.auth import Principal
 from projections.search import SearchOutcome, SearchQuery
@@ -11,5 +13,8 @@ from projections.search import search as hybrid_search
 
 async def search(deps: Deps, principal: Principal, query: SearchQuery) -> SearchOutcome:
     scope = principal.scope
-    return await hybrid_search(deps.pool, deps.query_vectors, scope, query,
-                               deps.settings.tenant_min_score(scope.org_id))
+    outcome = await hybrid_search(deps.pool, deps.query_vectors, scope, query,
+                                  deps.settings.tenant_min_score(scope.org_id), permission="read")
+    for chunk_id, share_id in outcome.shared.items():
+        access_audit.allowed(deps, principal, "chunk", chunk_id, "read", share_id=share_id)
+    return outcome

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from context_engine.errors import NotFound, Unavailable
+from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 from projections import queries
 from projections.database import org_transaction
@@ -20,20 +21,28 @@ from projections.database import org_transaction
 class Pulled:
     version_hash: str
     memory: queries.MemoryVersion
+    share_id: str = ""  # the grant a shared snapshot was read through
+    snapshot_id: str = ""
 
 
 async def read_memory(conn: asyncpg.Connection, org: str, agent_id: str, session_id: str, snapshot_name: str,
                       visible: Visibility) -> Pulled:
     """The memory `snapshot_name` of `session_id` holds of the agent, or the agent's latest
-    (within `session_id` when given); NotFound when there is none the caller sees."""
+    (within `session_id` when given); NotFound when there is none the caller sees. A snapshot
+    shared with the caller (a live `read` grant) reads as its creator sees it."""
     if snapshot_name:
+        share_id = ""
         snapshot = await queries.snapshot_by_name(conn, org, session_id, snapshot_name, visible)
+        if snapshot is None and (shared := await queries.shared_snapshot_by_name(conn, org, session_id,
+                                                                                  snapshot_name, visible)):
+            snapshot, share_id = shared
+            visible = Visibility.of(Scope(*snapshot.scope_path.split("/")))  # as its creator saw it
         memory = None if snapshot is None else await queries.snapshot_memory(conn, org, snapshot, agent_id, visible)
         if snapshot is None or memory is None:
             raise NotFound(f"no snapshot {snapshot_name!r} holding memory of agent "
                            f"{agent_id!r} in session {session_id!r}",
                            reason="SNAPSHOT_NOT_FOUND", metadata={"field": "snapshot_name"})
-        return Pulled(snapshot.version, memory)
+        return Pulled(snapshot.version, memory, share_id, snapshot.snapshot_id)
     memory = await queries.latest_memory(conn, org, agent_id, session_id or None, visible)
     if memory is None:
         where = f" in session {session_id!r}" if session_id else ""

@@ -19,6 +19,7 @@ import orjson
 
 from context_engine.events import Event, decode
 from context_engine.visibility import Visibility
+from projections.share_grants import held_sql
 
 
 def _json(value: Any) -> Any:
@@ -282,6 +283,30 @@ async def snapshot_by_name(conn: asyncpg.Connection, org_id: str, session_id: st
         "AND scope_path = ANY($4::text[]) ORDER BY length(scope_path) DESC LIMIT 1",
         org_id, session_id, name, visible.sql_paths)
     return _snapshot(r) if r else None
+
+
+_SHARED_SNAPSHOT = f"""
+SELECT s.*, h.share_id FROM snapshots s
+JOIN ({held_sql("snapshot", org="$1", paths="$4::text[]", permission="'read'")}) AS h ON h.resource_id = s.snapshot_id
+WHERE s.org_id = $1 AND s.session_id = $2 AND s.name = $3
+ORDER BY length(s.scope_path), s.scope_path LIMIT 1
+"""
+
+
+async def shared_snapshot_by_name(conn: asyncpg.Connection, org_id: str, session_id: str, name: str,
+                                  visible: Visibility) -> tuple[Snapshot, str] | None:
+    """The snapshot named `name` in the session shared with the caller by a live `read` grant,
+    and that grant's id (when several creators' snapshots of the name are shared, the nearest
+    creator's to the org, then by creator path)."""
+    r = await conn.fetchrow(_SHARED_SNAPSHOT, org_id, session_id, name, visible.sql_paths)
+    return (_snapshot(r), str(r["share_id"])) if r else None
+
+
+async def snapshot_ids_named(conn: asyncpg.Connection, org_id: str, session_id: str, name: str) -> list[str]:
+    """Every snapshot of that name in the session, whoever created it (for auditing a refusal)."""
+    return [str(r["snapshot_id"]) for r in await conn.fetch(
+        "SELECT snapshot_id FROM snapshots WHERE org_id = $1 AND session_id = $2 AND name = $3",
+        org_id, session_id, name)]
 
 
 async def snapshot_by_id(conn: asyncpg.Connection, org_id: str, snapshot_id: str) -> Snapshot | None:

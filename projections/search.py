@@ -32,8 +32,9 @@ also filters on org_id to keep the indexes in use. Each stage's time is a Promet
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import asyncpg
@@ -67,6 +68,7 @@ from projections.retrieval.recipe import (
     POOL_PER_RESULT,
     POSTINGS_PER_TERM,
 )
+from projections.share_grants import held_sql
 
 MAX_QUERY_BYTES = 16 * 1024
 MAX_DOMAIN_CHARS = 128
@@ -112,6 +114,11 @@ class SearchOutcome:
     result: RetrievalResult  # results are ScoredCandidate with payload = ChunkHit
     expansion_applied: bool
     model_version: str
+    shared: dict[str, str] = field(default_factory=dict)  # result chunk id -> the share it came through
+
+    def share_of(self, chunk_id: str) -> str:
+        """The share a result came through, or "" for a chunk the caller sees by ownership."""
+        return self.shared.get(chunk_id, "")
 
 
 def validate(q: SearchQuery) -> tuple[str, str]:
@@ -126,9 +133,12 @@ def validate(q: SearchQuery) -> tuple[str, str]:
 
 async def search(pool: asyncpg.Pool, query_vectors: QueryVectors, scope: Scope, q: SearchQuery,
                  tenant_min_score: float, *, now: dt.datetime | None = None,
-                 depth: Callable[[asyncpg.Connection], Awaitable[int]] | None = None) -> SearchOutcome:
+                 depth: Callable[[asyncpg.Connection], Awaitable[int]] | None = None,
+                 permission: str = "read") -> SearchOutcome:
     """`depth`, when given, replaces `q.top_k`: it reads what it needs on the retrieval's own
-    connection and transaction (AssembleContext's depth follows the visible corpus's totals)."""
+    connection and transaction (AssembleContext's depth follows the visible corpus's totals).
+    `permission`: the grant permission that adds a shared chunk to the visible corpus (`read` for
+    Search, `use_in_assembly` for AssembleContext; context_engine/visibility.py)."""
     query, domain = validate(q)
     top_k = resolve_top_k(q.top_k)
     floor = resolve_min_score(q.min_score, tenant_min_score)
@@ -139,14 +149,15 @@ async def search(pool: asyncpg.Pool, query_vectors: QueryVectors, scope: Scope, 
         if depth is not None:
             top_k = await depth(conn)
         retriever = _Retriever(conn, scope, domain, analyze(query), embedding, query_vectors.model_version,
-                               now or dt.datetime.now(dt.UTC), floor, top_k)
+                               now or dt.datetime.now(dt.UTC), floor, top_k, permission=permission)
         size = max(MIN_POOL, POOL_PER_RESULT * top_k)
         first = Pool(vector_k=size, bm25_k=size, ef_search=FIRST_EF_SEARCH)
         gate = await retrieve_with_gate_async(retriever.run, floor, first, top_score=lambda p: p.top_score)
     with timed("search", "classify"):
         fused: FusedPass = gate.candidates
         result = classify_ranked(fused.best, fused.above, fused.total, floor, top_k)
-    return SearchOutcome(result, gate.expansion_applied, query_vectors.model_version)
+    shared = {c.chunk_id: retriever.shared[c.chunk_id] for c in result.results if c.chunk_id in retriever.shared}
+    return SearchOutcome(result, gate.expansion_applied, query_vectors.model_version, shared)
 
 
 def _pass_settings(ef_search: int) -> dict[str, str]:
@@ -166,20 +177,34 @@ async def _embed_query(query_vectors: QueryVectors, org_id: str, query: str) -> 
         return await query_vectors.vector(org_id, query)
 
 
-# The visible corpus's N, total length and the query terms' df (maintained by the projector), and
+# The visible corpus's N, total length and the query terms' df (maintained by the projector, plus
+# the chunks shared with the caller by a live grant with permission `$9` it does not own-see,
+# counted from their own rows: `shared`, returned with the grant each came through), and
 # the lexical leg ranked: the best `$5` postings of each query term by impact (the partial index on
 # searchable rows) within the caller's visibility, Okapi BM25 of each chunk over those postings
-# (k1 1.2, b 0.75; a term weighs its idf times its count in the query, `$6`), chunks holding at
+# (k1 1.2, b 0.75; a term weighs its idf times its count in the query, `$6`; a shared chunk's
+# postings are all read, the grants bounding them), chunks holding at
 # least `$7` distinct query terms (at most as many as the corpus holds), best first, ties in
 # chunk-id text order, the first `$8`. Ranking in PostgreSQL returns `$8` ids instead of every
 # posting read (~2,500 per query at Search's pools, ~5,000 at assembly's) for the API to decode.
 _LEXICAL = f"""
-WITH s AS (
-    SELECT coalesce(sum(n_docs), 0)::bigint AS n, coalesce(sum(total_length), 0)::bigint AS total
+WITH shared AS MATERIALIZED (
+    SELECT h.resource_id AS chunk_id, h.share_id, c.term_count
+    FROM ({held_sql("chunk", org="$1", paths="$3::text[]", permission="$9::text")}) AS h
+    JOIN chunks c ON c.org_id = $1 AND c.chunk_id = h.resource_id
+    WHERE c.searchable AND NOT (c.scope_path = ANY($3::text[])) AND ($4 = '' OR c.domain = $4)
+), s AS (
+    SELECT (coalesce(sum(n_docs), 0) + (SELECT count(*) FROM shared))::bigint AS n,
+           (coalesce(sum(total_length), 0) + (SELECT coalesce(sum(term_count), 0) FROM shared))::bigint AS total
     FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($3::text[]) AND ($4 = '' OR domain = $4)
 ), df AS (
-    SELECT term, sum(df)::bigint AS df FROM term_stats
-    WHERE org_id = $1 AND term = ANY($2::text[]) AND scope_path = ANY($3::text[]) AND ($4 = '' OR domain = $4)
+    SELECT term, sum(df)::bigint AS df FROM (
+        SELECT term, df FROM term_stats
+        WHERE org_id = $1 AND term = ANY($2::text[]) AND scope_path = ANY($3::text[]) AND ($4 = '' OR domain = $4)
+        UNION ALL
+        SELECT t.term, 1 FROM chunk_terms t JOIN shared ON t.chunk_id = shared.chunk_id
+        WHERE t.org_id = $1 AND t.term = ANY($2::text[])
+    ) AS d
     GROUP BY term
 ), weights AS (
     SELECT q.term, {idf_sql("s.n", "df.df")} * q.times AS weight
@@ -194,6 +219,10 @@ WITH s AS (
           AND ($4 = '' OR domain = $4)
         ORDER BY impact DESC LIMIT $5
     ) AS p
+    UNION ALL
+    SELECT t.chunk_id, w.weight, t.tf, t.doc_length
+    FROM weights w JOIN chunk_terms t ON t.org_id = $1 AND t.term = w.term
+    WHERE t.chunk_id = ANY(ARRAY(SELECT chunk_id FROM shared))
 ), scored AS (
     SELECT p.chunk_id,
            sum({term_score_sql("p.weight", "p.tf", "p.doc_length", "(s.total::float8 / s.n)",
@@ -209,7 +238,9 @@ WITH s AS (
 )
 SELECT s.n, s.total,
        (SELECT array_agg(term) FROM df) AS df_terms, (SELECT array_agg(df) FROM df) AS df_values,
-       (SELECT array_agg(chunk_id) FROM ranked) AS ranked
+       (SELECT array_agg(chunk_id) FROM ranked) AS ranked,
+       (SELECT array_agg(chunk_id ORDER BY chunk_id) FROM shared) AS shared_ids,
+       (SELECT array_agg(share_id ORDER BY chunk_id) FROM shared) AS shared_via
 FROM s
 """
 
@@ -219,7 +250,8 @@ def _fused(dims: int, *, exact: bool = False) -> str:
     graph holds half-precision copies of the vectors (migration 0012), top `$6`, same
     visibility; pgvector's iterative scan keeps filtering from starving it, up to its
     `hnsw.max_scan_tuples`; `exact`: ordered by the float32 cosine, an expression no index
-    serves, for a visible corpus small enough to rank whole), its union with the
+    serves, for a visible corpus small enough to rank whole; and the chunks shared with the
+    caller `$15`, ranked exactly, top `$6`), its union with the
     lexical leg's `$7`, and `retrieval.fusion.HYBRID` over that union: each candidate's cosine
     (on the float32 vector), its exact BM25 from all its postings of the query terms (`$8`, each
     term's weight idf x count in the query `$9`, mean length `$10`) normalised by the query's idf
@@ -229,7 +261,8 @@ def _fused(dims: int, *, exact: bool = False) -> str:
     and the top score (for the confidence gate). One round trip, and ~150 rows instead of every
     candidate's row and postings (~1,100 at assembly's pools) for the API to decode and fuse.
 
-    A candidate is read again under the same visibility as the legs (searchable, scope, domain):
+    A candidate is read again under the same visibility as the legs (searchable, scope or
+    shared, domain):
     the lexical ids come from an earlier statement, and a chunk quarantined or rolled back since
     then drops out. NaN and NULL score 0 as in Python (PostgreSQL orders NaN above every number
     and `greatest` skips NULLs, so both are spelled out). The arithmetic is the Python's, term
@@ -245,11 +278,17 @@ def _fused(dims: int, *, exact: bool = False) -> str:
                 else f"embedding::halfvec({dims}) <=> $2::vector({dims})::halfvec({dims})")
     return f"""
 WITH vector_leg AS (
-    SELECT chunk_id FROM chunks
-    WHERE org_id = $1 AND embedding_dims = {dims} AND embedding_model = $3 AND searchable
-      AND scope_path = ANY($4::text[]) AND ($5 = '' OR domain = $5)
-    ORDER BY {distance}
-    LIMIT $6
+    (SELECT chunk_id FROM chunks
+     WHERE org_id = $1 AND embedding_dims = {dims} AND embedding_model = $3 AND searchable
+       AND scope_path = ANY($4::text[]) AND ($5 = '' OR domain = $5)
+     ORDER BY {distance}
+     LIMIT $6)
+    UNION ALL
+    (SELECT chunk_id FROM chunks
+     WHERE org_id = $1 AND chunk_id = ANY($15::uuid[]) AND embedding_dims = {dims} AND embedding_model = $3
+       AND searchable AND ($5 = '' OR domain = $5)
+     ORDER BY embedding::vector({dims}) <=> $2::vector({dims})
+     LIMIT $6)
 ), ids AS MATERIALIZED (
     SELECT chunk_id FROM vector_leg UNION SELECT unnest($7::uuid[])
 ), signals AS (
@@ -258,7 +297,8 @@ WITH vector_leg AS (
                 THEN 1 - (c.embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine,
            NULL::float8 AS bm25
     FROM ids JOIN chunks c ON c.org_id = $1 AND c.chunk_id = ids.chunk_id
-    WHERE c.searchable AND c.scope_path = ANY($4::text[]) AND ($5 = '' OR c.domain = $5)
+    WHERE c.searchable AND (c.scope_path = ANY($4::text[]) OR c.chunk_id = ANY($15::uuid[]))
+      AND ($5 = '' OR c.domain = $5)
     UNION ALL
     SELECT t.chunk_id, false, NULL, NULL,
            {term_score_sql("q.weight", "t.tf", "t.doc_length", "$10::float8")}
@@ -311,7 +351,7 @@ class _Retriever:
 
     def __init__(self, conn: asyncpg.Connection, scope: Scope, domain: str, terms: list[str],
                  vector: Awaitable[np.ndarray], model_version: str, now: dt.datetime, floor: float,
-                 top_k: int) -> None:
+                 top_k: int, *, permission: str = "read") -> None:
         self.conn = conn
         self.org_id = scope.org_id
         self.scopes = Visibility.of(scope).sql_paths
@@ -324,6 +364,8 @@ class _Retriever:
         self.now = now
         self.floor = floor
         self.top_k = top_k
+        self.permission = permission  # the grants' permission that shares a chunk with this retrieval
+        self.shared: dict[str, str] = {}  # chunk id -> share id, set by the lexical leg
 
     async def run(self, p: Pool) -> FusedPass:
         RETRIEVAL_PASSES.labels("broadened" if p.expanded else "first").inc()
@@ -351,6 +393,7 @@ class _Retriever:
         row = await self.conn.fetchrow(statement, *args)
         stats = CorpusStats.from_totals(row["n"], row["total"],
                                         dict(zip(row["df_terms"] or (), row["df_values"] or ())))
+        self.shared = {str(c): str(g) for c, g in zip(row["shared_ids"] or (), row["shared_via"] or ())}
         return stats, list(row["ranked"] or ())
 
     def lexical_statement(self, p: Pool) -> tuple[str, tuple[Any, ...]]:
@@ -361,7 +404,7 @@ class _Retriever:
         # statement caps this at the number of query terms it holds.
         required = max(1, minimum_should_match(len(self.distinct_terms), p.bm25_min_match_fraction))
         return _LEXICAL, (self.org_id, self.distinct_terms, self.scopes, self.domain, per_term,
-                          list(self.term_counts.values()), required, p.bm25_k)
+                          list(self.term_counts.values()), required, p.bm25_k, self.permission)
 
     def fused_statement(self, p: Pool, stats: CorpusStats, lexical: list[Any],
                         vector: np.ndarray) -> tuple[str, tuple[Any, ...]]:
@@ -372,7 +415,8 @@ class _Retriever:
         exact = stats.n_docs <= EXACT_VECTOR_LEG_MAX_DOCS
         return _fused(len(vector), exact=exact), (
             self.org_id, vector, self.model_version, self.scopes, self.domain, p.vector_k, lexical,
-            self.distinct_terms, weights, stats.avgdl, mass, self.now, self.floor, self.top_k)
+            self.distinct_terms, weights, stats.avgdl, mass, self.now, self.floor, self.top_k,
+            [uuid.UUID(c) for c in self.shared])
 
 
 def _metadata(text: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 import orjson
@@ -23,6 +23,7 @@ from context_engine.visibility import Visibility
 from projections import queries
 from projections.guardrail_queries import current_layers
 from projections.prompt_packing import Block
+from projections.share_grants import held_sql
 
 PINNED_HINT = "pinned_chunk_ids"
 MUST_INCLUDE_HINT = "must_include"
@@ -38,6 +39,7 @@ class SessionReads:
     visible_session_tokens: int  # the turns the caller sees: its naive prompt (baseline_tokens)
     compaction_open: bool
     history_truncated: bool  # older turns within the window were not read (`read_tokens`)
+    pinned_shares: dict[str, str] = field(default_factory=dict)  # pinned chunk id -> share, if seen by a grant
 
 
 async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, *,
@@ -56,7 +58,7 @@ async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, 
     if session is not None:
         authorize(session)
     layers = [Block("layer", r.content, key=f"L{r.level}") for r in await current_layers(conn, scope, trusted=trusted)]
-    pinned = await _pinned(conn, org, visible, pinned_ids)
+    pinned, pinned_shares = await _pinned(conn, org, visible, pinned_ids)
     required = [await _required(conn, org, scope.agent_id, session_id, visible, key, scanned) for key in required_keys]
     history_rows = await _history_rows(conn, org, session_id, visible, window, read_tokens)
     totals = await conn.fetchrow(
@@ -68,7 +70,7 @@ async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, 
         org, session_id, visible.sql_paths)
     truncated = bool(history_rows) and len(history_rows) < history_rows[0]["window_rows"]
     return SessionReads(layers, pinned, required, _history_blocks(history_rows), int(totals["tokens"]),
-                        int(totals["visible_tokens"]), totals["compaction_open"], truncated)
+                        int(totals["visible_tokens"]), totals["compaction_open"], truncated, pinned_shares)
 
 
 async def read_history(conn: asyncpg.Connection, org: str, session_id: str, visible: Visibility,
@@ -120,18 +122,33 @@ def _history_text(row) -> str:
     return f"{role}: {text}" if role and text else text
 
 
-async def _pinned(conn: asyncpg.Connection, org: str, visible: Visibility, ids: Sequence[str]) -> list[Block]:
+# The pinned chunks the caller sees by ownership or through a live use_in_assembly grant (then
+# with the share it came through).
+_PINNED = f"""
+SELECT c.chunk_id, c.content, CASE WHEN c.scope_path = ANY($3::text[]) THEN NULL ELSE h.share_id END AS share_id
+FROM chunks c
+LEFT JOIN ({held_sql("chunk", org="$1", paths="$3::text[]", permission="'use_in_assembly'")}) AS h
+  ON h.resource_id = c.chunk_id
+WHERE c.org_id = $1 AND c.chunk_id = ANY($2::uuid[]) AND c.searchable
+  AND (c.scope_path = ANY($3::text[]) OR h.share_id IS NOT NULL)
+"""
+
+
+async def _pinned(conn: asyncpg.Connection, org: str, visible: Visibility,
+                  ids: Sequence[str]) -> tuple[list[Block], dict[str, str]]:
+    """The pinned blocks in the order asked, and the shares those seen only by a grant came through."""
     if not ids:
-        return []
+        return [], {}
     ids = [str(uuid.UUID(i)) for i in ids]  # canonical form, as the database returns them
-    content = {str(r["chunk_id"]): r["content"] for r in await conn.fetch(
-        "SELECT chunk_id, content FROM chunks WHERE org_id = $1 AND chunk_id = ANY($2::uuid[]) "
-        "  AND searchable AND scope_path = ANY($3::text[])", org, ids, visible.sql_paths)}
+    rows = await conn.fetch(_PINNED, org, ids, visible.sql_paths)
+    content = {str(r["chunk_id"]): r["content"] for r in rows}
     missing = [i for i in ids if i not in content]
     if missing:  # absent, rolled back, quarantined or not the caller's: one answer for all
         raise NotFound(f"hints.{PINNED_HINT}: chunk(s) {', '.join(missing)} not found in the caller's corpus",
-                       reason="PINNED_CHUNK_NOT_FOUND", metadata={"field": f"hints.{PINNED_HINT}"})
-    return [Block("pinned", content[i], key=i) for i in ids]
+                       reason="PINNED_CHUNK_NOT_FOUND",
+                       metadata={"field": f"hints.{PINNED_HINT}", "chunk_ids": ",".join(missing)})
+    return [Block("pinned", content[i], key=i) for i in ids], {str(r["chunk_id"]): str(r["share_id"])
+                                                              for r in rows if r["share_id"]}
 
 
 async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_id: str, visible: Visibility,

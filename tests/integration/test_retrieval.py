@@ -283,7 +283,7 @@ async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: in
             distinct = list(retriever.term_counts)
             args = (org, vector, model, scopes or retriever.scopes, "", vector_k, ids, distinct,
                     [stats.idf(t) * n for t, n in retriever.term_counts.items()], stats.avgdl,
-                    query_idf_mass(terms, stats), now, floor, top_k)
+                    query_idf_mass(terms, stats), now, floor, top_k, [])
             plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + _fused(384), *args) if explain else None
             rows = await conn.fetch(_fused(384), *args)
             postings = {r["chunk_id"]: dict(zip(r["terms"], r["tfs"])) | {"": r["doc_length"]}
@@ -449,7 +449,7 @@ async def test_the_vector_leg_can_use_the_half_precision_hnsw_index(corpus, engi
             await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
             vector, model = await conn.fetchrow("SELECT (array_agg(embedding))[1], max(embedding_model) FROM chunks")
             plan = await conn.fetchval("EXPLAIN (FORMAT JSON) " + _fused(384), org, vector, model, [org], "", 50,
-                                       [], ["support"], [1.0], 10.0, 1.0, dt.datetime.now(dt.UTC), 0.25, 10)
+                                       [], ["support"], [1.0], 10.0, 1.0, dt.datetime.now(dt.UTC), 0.25, 10, [])
     finally:
         await conn.close()
     assert "chunks_embedding_384" in {n.get("Index Name") for n in plan_nodes(orjson.loads(plan)[0]["Plan"])}
