@@ -3,10 +3,12 @@
 `sees` is ARCHITECTURE.md section 6 in its own words, deliberately not the engine's code: "a
 caller sees what is owned at its own scope and at its ancestors' scopes ... never a sibling's";
 an item is owned by the scope that wrote it. `may_rewrite` is docs/security.md's rule for
-destructive operations: only the session's owner scope.
+destructive operations: only the session's owner scope. `sees_through` adds its share grants.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from context_engine.scope import Scope
 from tests.fixtures.engine import unique
@@ -39,3 +41,21 @@ def sees(reader: Scope, owner: Scope) -> bool:
 
 def may_rewrite(caller: Scope, session_owner: Scope) -> bool:
     return caller == session_owner
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A share grant as docs/security.md words it: a grantee scope, what it may do, live or revoked."""
+
+    grantee: Scope
+    permissions: frozenset[str]
+    live: bool
+
+
+def sees_through(reader: Scope, owner: Scope, grants: tuple[Grant, ...], permission: str) -> bool:
+    """Whether `reader` may have an item owned at `owner` for `permission` ('read': Search and a
+    snapshot's PullContext; 'use_in_assembly': AssembleContext): it sees it by ownership, or it
+    holds a live grant with that permission — one to its own scope or an ancestor's (`sees` of
+    the grantee: "a grant to a team holds for its agents")."""
+    return sees(reader, owner) or any(g.live and permission in g.permissions and sees(reader, g.grantee)
+                                      for g in grants)
