@@ -227,4 +227,5 @@ def format_ms(ms: int) -> str:
 def describe(row: Published | GuardrailLayerRow) -> str:
     return (f"L{row.level} ({LEVEL_NAMES[row.level]}) {row.scope_path}: version {row.version}, "
             f"content_hash {row.content_hash}, effective_at {format_ms(row.effective_at_ms)}, "
-            f"key {row.fingerprint[:16]}" + (f", layer id {row.event_id}" if getattr(row, "event_id", "") else ""))
+            f"key {row.fingerprint[:16]}" + (f", layer id {row.event_id}"
+                                             if isinstance(row, Published) and row.event_id else ""))

@@ -20,6 +20,8 @@ from context_engine.events import (
     MemoryScrubbed,
     SessionRef,
     SessionRolledBack,
+    ShareCreated,
+    ShareRevoked,
     SnapshotCreated,
 )
 from context_engine.guardrails.signing import sign_layer
@@ -61,6 +63,13 @@ PINNED = [
      {"level": 2, "scope_path": "acme/sales", "content": "be kind", "content_sha256": LAYER.content_sha256,
       "signed_at_ms": 1_700_000_000_000, "signature_b64": base64.b64encode(LAYER.signature).decode(),
       "public_key_b64": base64.b64encode(LAYER.public_key).decode(), "key_fingerprint": LAYER.key_fingerprint}),
+    (ShareCreated("5b1f7c0e-2a4d-4c8e-9f3a-1d2e3f4a5b6c", "chunk", "0c9d8e7f-6a5b-4c3d-8e1f-2a3b4c5d6e7f", "team",
+                  "acme/sales/apac", ("read", "use_in_assembly"), "handover"),
+     {"share_id": "5b1f7c0e-2a4d-4c8e-9f3a-1d2e3f4a5b6c", "resource_type": "chunk",
+      "resource_id": "0c9d8e7f-6a5b-4c3d-8e1f-2a3b4c5d6e7f", "grantee_scope": "team",
+      "grantee_path": "acme/sales/apac", "permissions": ["read", "use_in_assembly"], "reason": "handover"}),
+    (ShareRevoked("5b1f7c0e-2a4d-4c8e-9f3a-1d2e3f4a5b6c", "done"),
+     {"share_id": "5b1f7c0e-2a4d-4c8e-9f3a-1d2e3f4a5b6c", "reason": "done"}),
 ]
 
 

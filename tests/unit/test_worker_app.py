@@ -60,6 +60,7 @@ def test_every_agent_reads_its_topic_and_the_tasks_start_in_order(settings):
         "embedding-pipeline": "context-engine.embedding",
         "reindex-worker": "context-engine.reindex",
         "baseline-calculator": "context-engine.metrics-baseline",
+        "audit-writer": "context-engine.audit-access",
         "pii-scanner": "context-engine.pii",
     }
     assert [task.__wrapped__.__name__ for task in app._app_tasks] == ["sweep_backlog", "assign_vectors",
