@@ -16,7 +16,8 @@ ORDER BY 1
 
 
 # Rows a worker updates for every record it reads, forged or not: where its consumers are.
-BOOKKEEPING = ("public.projector_offsets",)
+# audit_access: a refused attempt is meant to leave its denied row (docs/security.md, the audit trail).
+BOOKKEEPING = ("public.projector_offsets", "public.audit_access")
 _STATE = "SELECT count(*), md5(coalesce(string_agg(md5(t::text), '' ORDER BY md5(t::text)), '')) FROM {} t"
 
 
