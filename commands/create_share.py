@@ -26,8 +26,6 @@ from context_engine.visibility import Visibility
 from projections import share_grants
 from projections.database import org_transaction
 
-MAX_REASON = 1024
-
 
 @dataclass(frozen=True)
 class CreateShare:
@@ -80,7 +78,7 @@ async def create_share(deps: Deps, principal: Principal, command: CreateShare) -
     resource_id = validation.uuid_text(command.resource_id, "resource_id", f"{resource_type} id").lower()
     level = validation.one_of(command.grantee_scope, LEVELS, "grantee_scope")
     granted = permissions(command.permissions)
-    reason = validation.label(command.reason, "reason", MAX_REASON)
+    reason = validation.label(command.reason, "reason", share_grants.MAX_REASON)
     org = principal.scope.org_id
     try:
         to = grantee(level, command.grantee_scope_id, org)

@@ -21,8 +21,6 @@ from context_engine.visibility import Visibility
 from projections import share_grants
 from projections.database import org_transaction
 
-MAX_REASON = 1024
-
 
 @dataclass(frozen=True)
 class RevokeShare:
@@ -43,7 +41,7 @@ def may_revoke(grant: share_grants.Grant, principal: Principal) -> bool:
 
 async def revoke_share(deps: Deps, principal: Principal, command: RevokeShare) -> Revoked:
     share_id = validation.uuid_text(command.share_id, "share_id", "share id").lower()
-    reason = validation.label(command.reason, "reason", MAX_REASON)
+    reason = validation.label(command.reason, "reason", share_grants.MAX_REASON)
     org = principal.scope.org_id
     viewer = Visibility.of(principal.scope)
     async with org_transaction(deps.pool, org, readonly=True) as conn:

@@ -25,6 +25,7 @@ from projections.projector.outcome import Outcome
 
 RESOURCE_TYPES = ("chunk", "snapshot", "layer")
 PERMISSIONS = ("read", "use_in_assembly")
+MAX_REASON = 1024  # characters of a grant's or a revocation's audit annotation
 
 # Whether `$2` is a resource of type `$3` the scope whose visible paths are `$4` may share.
 _SHAREABLE = """
