@@ -43,6 +43,7 @@ from streams.record_auth import (
     WRONG_PARTITION,
     Keyring,
     RecordSigner,
+    RecordVerifier,
     partition_for,
     signer_from_settings,
 )
@@ -131,7 +132,9 @@ def foreign_signer(tmp_path, key_id: str | None = None) -> RecordSigner:
 
 
 async def genuine(settings, topic: str, wanted: Callable[[bytes], bool]) -> Record:
-    """A record a trusted writer put on the log, read back as any broker client can."""
+    """A record a trusted writer put on the log, read back as any broker client can. Only one that
+    verifies where it lies: an earlier case's forged copy of the same record is on the log too."""
+    verifier = RecordVerifier(Keyring.from_settings(settings), LogTopics.from_settings(settings).partitions)
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False)
     await consumer.start()
@@ -140,7 +143,8 @@ async def genuine(settings, topic: str, wanted: Callable[[bytes], bool]) -> Reco
         while time.monotonic() < deadline:
             for records in (await consumer.getmany(timeout_ms=200)).values():
                 for r in records:
-                    if r.value is not None and wanted(r.value):
+                    if (r.value is not None and wanted(r.value)
+                            and verifier.check(topic, r.partition, r.key, r.value, r.headers) is None):
                         return Record(topic, r.key, r.value, list(r.headers), r.partition)
         raise AssertionError(f"no such record on {topic}")
     finally:
