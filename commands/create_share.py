@@ -103,7 +103,7 @@ async def create_share(deps: Deps, principal: Principal, command: CreateShare) -
     await deps.append(event, None)
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         grant = await share_grants.grant_by_id(conn, org, share_id)
-    if grant is None:  # OUT_OF_SCOPE: the resource left the caller's view between the check and the append
+    if grant is None:  # the projector stored none (OUT_OF_SCOPE)
         raise _not_found(resource_type, resource_id)
     access_audit.allowed(deps, principal, resource_type, resource_id, "create_share", share_id=share_id)
     return Created(share_id, grant.created_at)

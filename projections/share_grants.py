@@ -4,9 +4,13 @@
 A resource can be shared by a scope that sees it by ownership (context_engine/visibility.py):
 a chunk or a snapshot owned at the grantor's scope or an ancestor's, a guardrail layer of the
 grantor's own chain (its own and its ancestors' layers; every org has the platform's L1 already).
-A grant is not re-shared: what a scope sees only through a grant it cannot grant on. The
-projector checks this again when it applies the event (OUT_OF_SCOPE), since the resource may
-have changed between the handler's check and the append.
+A grant is not re-shared: what a scope sees only through a grant it cannot grant on.
+
+CreateShare checks this before it appends; the reads check it again (`held_sql`: a grant holds
+a resource only while the resource is its grantor's to share). The projector does not: a grant's
+events are keyed by the share, so on another partition than its resource's, and a rebuild reads
+the partitions in another interleaving than the live projector applied them. A grant row depends
+only on its own events, and any interleaving rebuilds the same rows.
 """
 
 from __future__ import annotations
@@ -59,8 +63,6 @@ async def apply_share_created(conn: asyncpg.Connection, org_id: str, ev: Event) 
     assert isinstance(body, ShareCreated)
     _well_formed(body)
     if ev.scope.org_id != org_id or body.grantee_path.split("/", 1)[0] != org_id:
-        return Outcome.OUT_OF_SCOPE
-    if not await shareable(conn, org_id, body.resource_type, body.resource_id, Visibility.of(ev.scope)):
         return Outcome.OUT_OF_SCOPE
     inserted = await conn.fetchval(
         "INSERT INTO share_grants (org_id, share_id, resource_type, resource_id, grantor_path, created_by, "
@@ -147,16 +149,24 @@ async def listed_grants(conn: asyncpg.Connection, org_id: str, viewer: Visibilit
     return [_grant(r) for r in rows], int(total)
 
 
+# Each resource type's table and id column: where a grant's resource and its owner are.
+_RESOURCE_TABLES = {"chunk": ("chunks", "chunk_id"), "snapshot": ("snapshots", "snapshot_id"),
+                    "layer": ("guardrail_layers", "event_id")}
+
+
 def held_sql(resource_type: str, *, org: str, paths: str, permission: str) -> str:
     """A subquery of the resources of `resource_type` shared with the viewer whose visible paths
     are `paths` (a grant to its scope or an ancestor's: Visibility.holds) by a live grant with
-    `permission`, each once, by its oldest such grant: columns resource_id, share_id. The
-    arguments are SQL expressions (parameters) of the statement it goes in."""
-    assert resource_type in RESOURCE_TYPES
-    return (f"SELECT DISTINCT ON (resource_id) resource_id, share_id FROM share_grants "
-            f"WHERE org_id = {org} AND resource_type = '{resource_type}' AND grantee_path = ANY({paths}) "
-            f"AND revoked_at IS NULL AND {permission} = ANY(permissions) "
-            f"ORDER BY resource_id, created_at, share_id")
+    `permission` whose grantor owns the resource (at its scope or an ancestor's), each once, by
+    its oldest such grant: columns resource_id, share_id. The arguments are SQL expressions
+    (parameters) of the statement it goes in."""
+    table, id_column = _RESOURCE_TABLES[resource_type]
+    return (f"SELECT DISTINCT ON (g.resource_id) g.resource_id, g.share_id FROM share_grants AS g "
+            f"WHERE g.org_id = {org} AND g.resource_type = '{resource_type}' AND g.grantee_path = ANY({paths}) "
+            f"AND g.revoked_at IS NULL AND {permission} = ANY(g.permissions) "
+            f"AND EXISTS (SELECT 1 FROM {table} AS r WHERE r.org_id = g.org_id AND r.{id_column} = g.resource_id "
+            f"AND (r.scope_path = g.grantor_path OR starts_with(g.grantor_path, r.scope_path || '/'))) "
+            f"ORDER BY g.resource_id, g.created_at, g.share_id")
 
 
 async def held(conn: asyncpg.Connection, org_id: str, viewer: Visibility, resource_type: str, permission: str,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import asyncpg
@@ -20,8 +21,14 @@ import pytest
 
 from context_engine.api.app import build_api_server, open_deps
 from context_engine.auth import mint_token
-from streams.replay import verify
+from context_engine.events import Event, ShareCreated, decode, share_aggregate
+from context_engine.scope import Scope
+from context_engine.visibility import Visibility
+from projections.records import LogRecord
+from projections.share_grants import held_sql
+from streams.replay import replay, verify
 from streams.topics import LogTopics
+from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import Caller, unique
 from tests.fixtures.settling import settled
 from tests.integration.test_guardrails_api import publish
@@ -350,6 +357,30 @@ async def test_a_grantee_cannot_reshare_what_it_sees_only_through_a_grant(engine
     assert await grant_rows(engine, world.org) == 1
 
 
+async def test_a_grant_of_what_its_grantor_does_not_own_widens_nothing(engine):
+    """CreateShare refuses it (above); a share.created a trusted writer appended anyway (a handler
+    bug, a replayed old log) is stored, and held by no read: a grant holds only what its grantor
+    owns."""
+    world = await new_world(engine)
+    apac = Scope(world.org, "sales", "apac")
+    share_id = str(uuid.uuid4())
+    forged = Event.of(ShareCreated(share_id, "chunk", world.chunk_id, "team", apac.path, ("read", "use_in_assembly"),
+                                   "not the owner's"),
+                      scope=apac, actor="apac-lead", aggregate=share_aggregate(world.org, share_id))
+    await engine.deps.log.append(forged)
+    await settled(engine.settings.database_url, world.org)
+    assert [str(r["share_id"]) for r in await admin_fetch(
+        engine, "SELECT share_id FROM share_grants WHERE org_id = $1", world.org)] == [share_id]
+    reader, own_session = caller(engine, world.org, "sales", "apac"), unique("s")
+    await reader("IngestEvent", pb.IngestEventRequest(session_id=own_session, event_type="message",
+                                                      content=b"apac's own turn about the tide"))
+    assert await found(reader, world.chunk_id) is None
+    assert world.chunk_id not in await assembled(reader, world, own_session)
+    await expect_error(grpc.StatusCode.NOT_FOUND,
+                       assembled(reader, world, own_session, pinned_chunk_ids=world.chunk_id),
+                       reason="PINNED_CHUNK_NOT_FOUND")
+
+
 async def test_a_shared_snapshot_is_pulled_by_the_grantee(engine):
     world = await new_world(engine)
     owner_bot = caller(engine, world.org, "sales", "emea", "bot", clearance=3)
@@ -427,14 +458,20 @@ async def test_forgery_attempts_leave_one_denied_row_each_and_grant_reads_allowe
         await conn.close()
 
 
-@pytest.mark.xfail(reason="known defect (issue #21 left open): verify's rebuild misses a grant created and revoked "
-                          "in quick succession; the live grant rebuilds", strict=False)
 async def test_replay_rebuilds_the_grants(engine):
+    """A grant's events are on its own partition (keyed by the share), its chunk's on the
+    session's; a rebuild reads the partitions in another interleaving than the live projector
+    applied them, so a grant may be rebuilt before its chunk. Eight grants, half revoked: with four
+    partitions, some land ahead of the chunk's."""
     world = await new_world(engine)
     owner = caller(engine, world.org, "sales", "emea")
-    kept = await owner("CreateShare", share(world, "team", world.path("sales", "apac"), "read", "use_in_assembly"))
-    ended = await owner("CreateShare", share(world, "agent", world.path("sales", "emea", "bot")))
-    await owner("RevokeShare", pb.RevokeShareRequest(share_id=ended.share_id))
+    grants = []
+    for i in range(8):
+        created = await owner("CreateShare", share(world, "agent", world.path("sales", "apac", f"bot-{i}"),
+                                                   "read", "use_in_assembly"))
+        if i % 2:
+            await owner("RevokeShare", pb.RevokeShareRequest(share_id=created.share_id))
+        grants.append((created.share_id, bool(i % 2)))
     await settled(engine.settings.database_url, world.org)
     topic = LogTopics.from_settings(engine.settings).events
     report, differences = await verify(log_of(engine.settings, topic), engine.settings.database_url)
@@ -442,7 +479,43 @@ async def test_replay_rebuilds_the_grants(engine):
     assert report.events > 0
     live = await admin_fetch(engine, "SELECT share_id, revoked_at IS NOT NULL AS revoked FROM share_grants "
                                      "WHERE org_id = $1 ORDER BY created_at", world.org)
-    assert [(str(r["share_id"]), r["revoked"]) for r in live] == [(kept.share_id, False), (ended.share_id, True)]
+    assert [(str(r["share_id"]), r["revoked"]) for r in live] == grants
+
+
+async def test_a_rebuild_that_reads_every_grant_before_its_resource_gives_the_same_grants(engine, postgres_url):
+    """The interleaving the live projector never sees, made certain: every share event first (in
+    log order, so each key's order is kept), then the rest. The grants and what they widen come
+    out as live."""
+    world = await new_world(engine)
+    owner = caller(engine, world.org, "sales", "emea")
+    kept = await owner("CreateShare", share(world, "team", world.path("sales", "apac"), "read", "use_in_assembly"))
+    ended = await owner("CreateShare", share(world, "agent", world.path("sales", "emea", "bot")))
+    await owner("RevokeShare", pb.RevokeShareRequest(share_id=ended.share_id))
+    await settled(engine.settings.database_url, world.org)
+    records = [r async for batch in log_of(engine.settings, LogTopics.from_settings(engine.settings).events)
+               for r in batch]
+    grants_first = sorted(records, key=lambda r: not decode(r.raw).type.startswith("share."))  # stable
+
+    async def once() -> AsyncIterator[list[LogRecord]]:
+        yield grants_first
+
+    columns = "share_id, resource_id, grantor_path, grantee_path, permissions, created_at, revoked_at, event_id"
+    use_in_assembly = held_sql("chunk", org="$1", paths="$2::text[]", permission="'use_in_assembly'")
+    held_by_apac = f"SELECT resource_id, share_id FROM ({use_in_assembly}) AS h"
+    apac_paths = list(Visibility.of(Scope(world.org, "sales", "apac")).sql_paths)
+    live = await admin_fetch(engine, f"SELECT {columns} FROM share_grants WHERE org_id = $1 ORDER BY share_id",
+                             world.org)
+    async with fresh_database(postgres_url, "ce_grants_first") as url:
+        await replay(once(), url)
+        conn = await asyncpg.connect(url)
+        try:
+            rebuilt = await conn.fetch(f"SELECT {columns} FROM share_grants WHERE org_id = $1 ORDER BY share_id",
+                                       world.org)
+            held_rebuilt = await conn.fetch(held_by_apac, world.org, apac_paths)
+        finally:
+            await conn.close()
+    assert [tuple(r) for r in rebuilt] == [tuple(r) for r in live] and len(live) == 2
+    assert [(str(r["resource_id"]), str(r["share_id"])) for r in held_rebuilt] == [(world.chunk_id, kept.share_id)]
 
 
 async def test_a_layer_is_shared_by_its_chain_and_never_enters_the_grantees_chain(engine, tmp_path):

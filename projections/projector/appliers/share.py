@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 
 async def apply_created(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
-    await org.flush()  # a chunk ingested earlier in this batch is shareable
     return applied(rec, ev, await apply_share_created(org.conn, org.org_id, ev))
 
 
