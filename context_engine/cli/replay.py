@@ -49,7 +49,8 @@ def replay(
     source_name: SourceOption = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Rebuild every read model from the log into an empty database."""
+    """Rebuild every read model from the log into an empty database, and the audit trail from
+    its stream."""
     from projections import db_admin
     from streams.replay import replay as run_replay
 
@@ -63,14 +64,31 @@ def replay(
         with bar:
             report = await run_replay(_records(settings, source_name, set_total, refused.append), target,
                                       progress=bar.update)
-        return target, report
+        return target, report, await _audit_rows(settings, target)
 
-    target, report = asyncio.run(go())
+    target, report, audit_rows = asyncio.run(go())
     for record in refused:
         typer.echo(str(record))
     typer.echo(f"replayed {report.events} events in {report.seconds:.2f}s "
-               f"({report.rate:,.0f} events/s) into {target}"
+               f"({report.rate:,.0f} events/s) and {audit_rows} audit rows into {target}"
                + (f"; left out {len(refused)} record(s) no trusted writer signed" if refused else ""))
+
+
+async def _audit_rows(settings: Settings, target: str) -> int:
+    """The audit:access stream into `target`, as the audit writer stores it."""
+    from projections.database import create_pool
+    from streams.agents.audit import write_from_log
+    from streams.kafka_security import client_security
+    from streams.record_auth import verifier_from_settings
+    from streams.topics import LogTopics
+
+    pool = await create_pool(target, org_scoped=False, min_size=1, max_size=1)
+    try:
+        return await write_from_log(required(settings.kafka_bootstrap, "kafka_bootstrap"),
+                                    LogTopics.from_settings(settings).jobs["audit:access"], pool,
+                                    verifier=verifier_from_settings(settings), security=client_security(settings))
+    finally:
+        await pool.close()
 
 
 def verify(source_name: SourceOption = None, data_dir: DataDir = None) -> None:

@@ -139,6 +139,18 @@ async def test_the_stream_rebuilds_the_same_rows_in_an_empty_database(recorded, 
     assert rebuilt == rows
 
 
+async def test_context_engine_replay_rebuilds_the_rows_too(recorded, engine, postgres_url):
+    org, _, rows = recorded
+    async with fresh_database(postgres_url, "ce_audit_cli_replay") as url:
+        code, out = await engine.cli("replay", "--into", url, timeout=300)
+        assert code == 0, out
+        pool = await create_pool(url, org_scoped=False, min_size=1, max_size=1)
+        try:
+            assert await rows_of(pool, org) == rows
+        finally:
+            await pool.close()
+
+
 async def test_an_orgs_rows_are_visible_to_that_org_only(recorded, engine):
     org, attempts, _ = recorded
     api_pool = engine.deps.pool  # the app role: no BYPASSRLS
