@@ -26,6 +26,14 @@ its compaction-threshold event (a log write); later calls do not.
     .venv/bin/python bench/assemble.py --home /tmp/ce-asm-100k --keep           # ... measure again
 
 A data directory loaded by bench/search.py (same org, same chunks) can be given as --home.
+
+With --grants N (bench/grants.py) N more chunks are owned by bench-search/sales/emea (which the
+agent does not see), and the load phases run twice: without grants, then after CreateShare (L4:
+the grantee is in another pillar) has granted each of them to the agent's team bench/assembly
+with read + use_in_assembly; both runs are printed side by side with their throughput ratio. The
+second run's first call per session appends no compaction event (the first run's did).
+
+    .venv/bin/python bench/assemble.py --chunks 5000 --grants 1000 --open-seconds 20 --closed-seconds 8
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from context_engine.embedded.process import disable_grpc_fork_handlers
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg
 import grpc  # noqa: E402
+from grants import add_grants_option, describe, fresh_queries, grant_runs, ingest_owned, live_grants, print_phases
 from grpc_load import drive_closed_loop, drive_open_loop, measured, one_at_a_time, spread_stub
 from options import add_load_options, stack_settings
 from report import load_average, machine, percentile
@@ -132,6 +141,7 @@ class Phase:
     retrieved: list[int] = field(default_factory=list)  # blocks in "## Retrieved context"
     span: float = 0.0
     stages: list[str] = field(default_factory=list)  # the API's stage table for this phase
+    via_grants: int = 0  # chunk_ids that are granted chunks (--grants)
 
     @property
     def achieved(self) -> float:
@@ -156,10 +166,10 @@ class Phase:
 
 class Caller:
     def __init__(self, stub, token: str, qs: list[str], sessions: list[str], budget: int, timeout: float,
-                 prefix: str, seed: int = 7) -> None:
+                 prefix: str, seed: int = 7, granted: frozenset[str] = frozenset()) -> None:
         self.stub, self.metadata = stub, (("authorization", f"Bearer {token}"),)
         self.qs, self.sessions, self.budget, self.timeout, self.prefix = qs, sessions, budget, timeout, prefix
-        self.rng, self.n = random.Random(seed), 0
+        self.rng, self.n, self.granted = random.Random(seed), 0, granted
 
     def next_request(self, session: str | None = None) -> pb.AssembleContextRequest:
         q = self.qs[self.n % len(self.qs)]
@@ -173,6 +183,7 @@ class Caller:
             response = await self.stub.AssembleContext(request, metadata=self.metadata, timeout=self.timeout)
             phase.latencies.append(loop.time() - since)
             phase.tokens.append(response.assembled_tokens)
+            phase.via_grants += sum(c in self.granted for c in response.chunk_ids)
             prompt = response.assembled_prompt
             phase.layers_ok += prompt.startswith(self.prefix)
             phase.with_history += HISTORY_HEADING in prompt
@@ -214,12 +225,13 @@ async def closed_loop(c: Caller, clients: int, seconds: float) -> Phase:
     return await drive_closed_loop(phase, lambda since: c.call(phase, c.next_request(), since), clients, seconds)
 
 
-async def load_tests(stack: Stack, qs: list[str], sessions: list[str], args) -> list[Phase]:
+async def load_tests(stack: Stack, qs: list[str], sessions: list[str], args,
+                     granted: frozenset[str] = frozenset()) -> list[Phase]:
     prefix = "\n\n".join(LAYERS[level] for level in sorted(LAYERS))
     token = stack.token(ORG, pillar=PILLAR, team=TEAM, agent=AGENT)
     scope = {"org_id": ORG, "pillar_id": PILLAR, "team_id": TEAM, "agent_id": AGENT}
     async with spread_stub(stack, args.connections, token, scope) as stub:
-        c = Caller(stub, token, qs, sessions, args.budget, args.timeout, prefix)
+        c = Caller(stub, token, qs, sessions, args.budget, args.timeout, prefix, granted=granted)
         phases = [await first_calls(c, 8)]
         print(phases[-1].line(), file=sys.stderr, flush=True)
         await asyncio.sleep(2)
@@ -256,7 +268,8 @@ async def session_ids(database_url: str) -> tuple[list[str], float]:
     conn = await asyncpg.connect(database_url)
     try:
         rows = await conn.fetch("SELECT session_id, sum(token_count) AS tokens FROM session_events "
-                                "WHERE org_id = $1 AND active GROUP BY session_id ORDER BY session_id", ORG)
+                                "WHERE org_id = $1 AND scope_path = $1 AND active GROUP BY session_id "
+                                "ORDER BY session_id", ORG)  # the org's own: not --grants' owner team's
         return [r["session_id"] for r in rows], statistics.fmean(float(r["tokens"]) for r in rows)
     finally:
         await conn.close()
@@ -267,9 +280,12 @@ def main() -> None:
     add_load_options(parser, clients=[1, 8, 32], unit="calls")
     parser.add_argument("--budget", type=int, default=4000)
     parser.add_argument("--stage-calls", type=int, default=300)
+    add_grants_option(parser)
     args = parser.parse_args()
+    fresh_queries(args)
 
-    corpus = make_corpus(args.chunks)
+    corpus = make_corpus(args.chunks + args.grants)  # the texts after the first --chunks: the granted chunks'
+    owned_texts, corpus = corpus[args.chunks:], corpus[:args.chunks]
     qs = questions()
     created = args.home is None or not args.home.exists()
     home = args.home or pathlib.Path(tempfile.mkdtemp(prefix="context-engine-assemble-"))
@@ -280,6 +296,8 @@ def main() -> None:
         stack.wait_serving()
         database_url = stack.endpoints()["database_url"]
         quiet_s = wait_quiet(stack)
+        if args.grants and (held := asyncio.run(live_grants(database_url, ORG))):
+            raise SystemExit(f"{home} already holds {held:,} live grants: --grants needs a data directory without")
         present = asyncio.run(present_seqs(database_url))
         todo = [i for i in range(args.chunks) if i not in present]
         print(f"data directory {home}: {len(present):,} chunks present, {len(todo):,} to ingest "
@@ -288,6 +306,10 @@ def main() -> None:
             if todo else 0.0
         chunks, embed_tail_s = wait_for_vectors(database_url, [ORG], len(present) + len(todo), poll=2.0,
                                                 smoothing=0.05)
+        if args.grants:
+            report["owned_ingest_s"] = asyncio.run(ingest_owned(stack, ORG, owned_texts, args.ingest_concurrency))
+            chunks = wait_for_vectors(database_url, [ORG], len(present) + len(todo) + args.grants, poll=2.0)[0]
+            chunks -= args.grants
         report["published"] = publish_layers(home, workdir)
         for line in report["published"]:
             print(line, file=sys.stderr)
@@ -305,6 +327,14 @@ def main() -> None:
         wait_quiet(stack)
         report["load_before"] = load_average()
         phases = asyncio.run(load_tests(stack, qs, sessions, args))
+        elsewhere: list[Phase] = []
+        with_grants: list[Phase] = []
+        if args.grants:
+            def run(granted: frozenset[str]) -> list[Phase]:
+                return asyncio.run(load_tests(stack, qs, sessions, args, granted))
+
+            elsewhere, with_grants, _ = grant_runs(stack, database_url, ORG, (PILLAR, TEAM), args.grants, run,
+                                                   wait_quiet, report)
         report["load_after"] = load_average()
         wait_quiet(stack)
         sequential = asyncio.run(stage_timings(stack, qs, sessions, args.stage_calls, args))
@@ -327,16 +357,22 @@ def main() -> None:
     if todo:
         print(f"load: {len(todo):,} IngestEvent calls ({args.ingest_concurrency} in flight) in {ingest_s:.0f} s; "
               f"every chunk embedded {embed_tail_s:.0f} s after the last ack")
+    if args.grants:
+        print(describe(ORG, f"{ORG}/{PILLAR}/{TEAM}/{AGENT}", args.grants, report))
     print()
-    for phase in phases:
-        print(phase.line())
-    calls = sum(len(p.latencies) for p in phases)
-    print(f"responses starting with the four layers: {sum(p.layers_ok for p in phases):,} of {calls:,}; mean "
-          f"assembled tokens {statistics.fmean(t for p in phases for t in p.tokens):,.0f}; with a recent-conversation "
-          f"section {sum(p.with_history for p in phases):,}; retrieved blocks per prompt mean "
-          f"{statistics.fmean(n for p in phases for n in p.retrieved):.1f}")
+    print_phases(phases, elsewhere, with_grants, args.grants, "chunk_ids")
+    every = phases + elsewhere + with_grants
+    calls = sum(len(p.latencies) for p in every)
+    print(f"responses starting with the four layers: {sum(p.layers_ok for p in every):,} of {calls:,}; mean "
+          f"assembled tokens {statistics.fmean(t for p in every for t in p.tokens):,.0f}; with a recent-conversation "
+          f"section {sum(p.with_history for p in every):,}; retrieved blocks per prompt mean "
+          f"{statistics.fmean(n for p in every for n in p.retrieved):.1f}")
     print()
-    print_stage_tables([sequential, *phases])
+    if with_grants:
+        print("-- without grants --")
+        print_stage_tables(phases)
+        print(f"-- with {args.grants:,} live grants --")
+    print_stage_tables([sequential, *(with_grants or phases)])
 
     open_phase = next(p for p in phases if p.offered)
     closed = [p for p in phases if p.name.startswith("closed")]
@@ -355,7 +391,10 @@ def main() -> None:
             "machine": machine(), "chunks": chunks, "sessions": len(sessions), "session_tokens": session_tokens,
             "settings": vars(args) | {"home": str(home), "json": None}, "layer_tokens": layer_tokens,
             "phases": [{"name": p.name} | p.stats() for p in phases],
-            "stages": {p.name: p.stages for p in [sequential, *phases]}, "report": report},
+            "stages": {p.name: p.stages for p in [sequential, *phases]}, "report": report}
+            | ({"phases_grants_elsewhere": [{"name": p.name} | p.stats() for p in elsewhere],
+                "phases_with_grants": [{"name": p.name, "via_grants": p.via_grants} | p.stats() for p in with_grants]}
+               if with_grants else {}),
             indent=2, default=str))
 
 

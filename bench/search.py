@@ -28,6 +28,13 @@ there are not ingested again); the directory is removed at the end only when thi
 and --keep is absent. Chunks are loaded in segments of --restart-every with a stack restart
 between them: the bundled broker's fetches cost more with every batch it holds
 (bench/broker_batches.py), and a restart restores its log in large batches.
+
+With --grants N (bench/grants.py) the searcher is the team bench-search/sales/apac at clearance 1
+(it sees the org's chunks by ancestry), N more chunks are owned by sales/emea, and the load phases
+run twice: without grants, then after CreateShare has granted each of those chunks to sales/apac
+(read + use_in_assembly); both runs are printed side by side with their throughput ratio.
+
+    .venv/bin/python bench/search.py --chunks 5000 --grants 1000 --open-seconds 20 --closed-seconds 8
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from context_engine.embedded.process import disable_grpc_fork_handlers
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg
 import grpc  # noqa: E402
+from grants import add_grants_option, describe, fresh_queries, grant_runs, ingest_owned, live_grants, print_phases
 from grpc_load import RETRIES, call_with_retry, drive_closed_loop, drive_open_loop, measured, one_at_a_time, spread_stub
 from locomo import LOCOMO_DIR, load_locomo
 from options import add_load_options, stack_settings
@@ -64,6 +72,7 @@ from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
 ORG = "bench-search"
+GRANTEE = ("sales", "apac")  # --grants: the searcher, a team beside the grants' owner (bench/grants.py)
 
 
 # -- corpus ------------------------------------------------------------------------------------
@@ -146,6 +155,7 @@ class Phase:
     outcomes: collections.Counter = field(default_factory=collections.Counter)
     span: float = 0.0  # first arrival to last completion
     stages: list[str] = field(default_factory=list)  # the API's stage table for this phase
+    via_grants: int = 0  # results that are granted chunks (--grants)
 
     @property
     def achieved(self) -> float:
@@ -159,16 +169,27 @@ class Phase:
                 f"p95 {percentile(ms, 95):7.1f}  p99 {percentile(ms, 99):7.1f} ms  ({len(ms):,} ok{errors})")
 
 
+def searcher_scope(args) -> dict[str, str]:
+    """The org, or with --grants the team GRANTEE (clearance 1 either way)."""
+    return {"org_id": ORG} | ({"pillar_id": GRANTEE[0], "team_id": GRANTEE[1]} if args.grants else {})
+
+
+def searcher_token(stack: Stack, scope: dict[str, str]) -> str:
+    return stack.token(ORG, pillar=scope.get("pillar_id", ""), team=scope.get("team_id", ""))
+
+
 class Searcher:
-    def __init__(self, stub, token: str, qs: list[str], top_k: int, min_score: float, timeout: float) -> None:
+    def __init__(self, stub, token: str, qs: list[str], top_k: int, min_score: float, timeout: float,
+                 scope: dict[str, str], granted: frozenset[str] = frozenset()) -> None:
         self.stub, self.metadata = stub, (("authorization", f"Bearer {token}"),)
         self.qs, self.n = qs, 0
         self.top_k, self.min_score, self.timeout = top_k, min_score, timeout
+        self.scope, self.granted = pb.ScopePath(**scope), granted
 
     def next_request(self) -> pb.SearchRequest:
         q = self.qs[self.n % len(self.qs)]
         self.n += 1
-        return pb.SearchRequest(scope=pb.ScopePath(org_id=ORG), query=q, top_k=self.top_k, min_score=self.min_score)
+        return pb.SearchRequest(scope=self.scope, query=q, top_k=self.top_k, min_score=self.min_score)
 
     async def call(self, phase: Phase, request: pb.SearchRequest, since: float) -> float:
         """One Search; records latency from `since` (loop time). Returns completion time."""
@@ -177,6 +198,7 @@ class Searcher:
             response = await self.stub.Search(request, metadata=self.metadata, timeout=self.timeout)
             phase.latencies.append(loop.time() - since)
             phase.outcomes[pb.RetrievalOutcome.Name(response.outcome).removeprefix("RETRIEVAL_OUTCOME_")] += 1
+            phase.via_grants += sum(r.chunk_id in self.granted for r in response.results)
         except grpc.aio.AioRpcError as exc:
             phase.errors[exc.code().name] += 1
         return loop.time()
@@ -193,10 +215,11 @@ async def closed_loop(s: Searcher, clients: int, seconds: float) -> Phase:
     return await drive_closed_loop(phase, lambda since: s.call(phase, s.next_request(), since), clients, seconds)
 
 
-async def load_tests(stack: Stack, qs: list[str], args) -> list[Phase]:
-    token = stack.token(ORG)
-    async with spread_stub(stack, args.connections, token, {"org_id": ORG}) as stub:
-        s = Searcher(stub, token, qs, args.top_k, args.min_score, args.timeout)
+async def load_tests(stack: Stack, qs: list[str], args, granted: frozenset[str] = frozenset()) -> list[Phase]:
+    scope = searcher_scope(args)
+    token = searcher_token(stack, scope)
+    async with spread_stub(stack, args.connections, token, scope) as stub:
+        s = Searcher(stub, token, qs, args.top_k, args.min_score, args.timeout, scope, granted)
         warm = Phase("warm-up", None, 0)
         for _ in range(20):
             await s.call(warm, s.next_request(), asyncio.get_running_loop().time())
@@ -221,8 +244,9 @@ async def stage_timings(stack: Stack, qs: list[str], n: int, args) -> Phase:
     """`n` Search calls one at a time through gRPC; each stage's time as the API measured it
     (its Prometheus histograms, context_engine/metrics.py), read before and after."""
     async with grpc.aio.insecure_channel(stack.address) as channel:
-        s = Searcher(context_pb2_grpc.ContextEngineStub(channel), stack.token(ORG), qs[::-1], args.top_k,
-                     args.min_score, args.timeout)
+        scope = searcher_scope(args)
+        s = Searcher(context_pb2_grpc.ContextEngineStub(channel), searcher_token(stack, scope), qs[::-1], args.top_k,
+                     args.min_score, args.timeout, scope)
         return await one_at_a_time(stack, Phase("one at a time", None, 0), s, n, ("search",), SEARCH_METHOD)
 
 
@@ -237,9 +261,12 @@ def main() -> None:
     parser.add_argument("--stage-queries", type=int, default=300)
     parser.add_argument("--restart-every", type=int, default=25_000,
                         help="restart the stack after this many ingested chunks (the bundled broker slows as it fills)")
+    add_grants_option(parser)
     args = parser.parse_args()
+    fresh_queries(args)
 
-    corpus = make_corpus(args.chunks)
+    corpus = make_corpus(args.chunks + args.grants)  # the texts after the first --chunks: the granted chunks'
+    owned_texts, corpus = corpus[args.chunks:], corpus[:args.chunks]
     qs = questions()
     created = args.home is None or not args.home.exists()
     home = args.home or pathlib.Path(tempfile.mkdtemp(prefix="context-engine-search-"))
@@ -251,6 +278,8 @@ def main() -> None:
         # A restart restores the log from the archive and the worker re-projects it (and embeds any
         # backlog a stopped run left): wait for that before adding load.
         quiet_s = wait_quiet(stack, timeout=4 * 3600)
+        if args.grants and (held := asyncio.run(live_grants(database_url, ORG))):
+            raise SystemExit(f"{home} already holds {held:,} live grants: --grants needs a data directory without")
         present = asyncio.run(present_seqs(database_url))
         embedded_before = asyncio.run(embedded_count(database_url))
         todo = [i for i in range(args.chunks) if i not in present]
@@ -275,6 +304,9 @@ def main() -> None:
         if not segments:
             chunks = embedded_before
         load_s = ingest_s + embed_tail_s
+        if args.grants:
+            report["owned_ingest_s"] = asyncio.run(ingest_owned(stack, ORG, owned_texts, args.ingest_concurrency))
+            chunks = wait_for_vectors(database_url, [ORG], chunks + args.grants, poll=2.0)[0] - args.grants
 
         async def analyze() -> None:
             conn = await asyncpg.connect(database_url)
@@ -291,6 +323,14 @@ def main() -> None:
         wait_quiet(stack)
         report["load_before"] = load_average()
         phases = asyncio.run(load_tests(stack, qs, args))
+        elsewhere: list[Phase] = []
+        with_grants: list[Phase] = []
+        if args.grants:
+            def run(granted: frozenset[str]) -> list[Phase]:
+                return asyncio.run(load_tests(stack, qs, args, granted))
+
+            elsewhere, with_grants, _ = grant_runs(stack, database_url, ORG, GRANTEE, args.grants, run,
+                                                   wait_quiet, report)
         report["load_after"] = load_average()
         wait_quiet(stack)
         sequential = asyncio.run(stage_timings(stack, qs, args.stage_queries, args))
@@ -317,24 +357,35 @@ def main() -> None:
           f"{len(qs):,} LoCoMo questions shuffled; client in the same machine (one process, grpc.aio, calls "
           f"spread over {args.connections} connections); {args.api_processes} API process(es)"
           + "".join(f", {k}={v}" for k, v in stack_settings(args).items()))
+    if args.grants:
+        print(describe(ORG, f"{ORG}/{'/'.join(GRANTEE)} (clearance 1)", args.grants, report))
     print()
-    for phase in phases:
-        print(phase.line())
+    print_phases(phases, elsewhere, with_grants, args.grants, "results")
     outcomes = collections.Counter()
-    for phase in phases:
+    for phase in phases + elsewhere + with_grants:
         outcomes.update(phase.outcomes)
     print(f"outcomes over the load phases: {dict(outcomes)}")
     print()
-    print_stage_tables([sequential, *phases])
+    if with_grants:
+        print("-- without grants --")
+        print_stage_tables(phases)
+        print(f"-- with {args.grants:,} live grants --")
+    print_stage_tables([sequential, *(with_grants or phases)])
 
     if args.json:
+        def numbers(p: Phase) -> dict[str, object]:
+            return {"name": p.name, "offered": p.offered, "achieved": p.achieved,
+                    "p50_ms": percentile(p.latencies, 50) * 1000, "p95_ms": percentile(p.latencies, 95) * 1000,
+                    "p99_ms": percentile(p.latencies, 99) * 1000, "ok": len(p.latencies),
+                    "errors": dict(p.errors), "outcomes": dict(p.outcomes)}
+
+        grants = {"phases_grants_elsewhere": [numbers(p) for p in elsewhere],
+                  "phases_with_grants": [numbers(p) | {"via_grants": p.via_grants} for p in with_grants]} \
+            if with_grants else {}
         args.json.write_text(json.dumps({
             "machine": machine(), "chunks": chunks, "settings": vars(args) | {"home": str(home), "json": None},
-            "phases": [{"name": p.name, "offered": p.offered, "achieved": p.achieved,
-                        "p50_ms": percentile(p.latencies, 50) * 1000, "p95_ms": percentile(p.latencies, 95) * 1000,
-                        "p99_ms": percentile(p.latencies, 99) * 1000, "ok": len(p.latencies),
-                        "errors": dict(p.errors), "outcomes": dict(p.outcomes)} for p in phases],
-            "stages": {p.name: p.stages for p in [sequential, *phases]}, "report": report},
+            "phases": [numbers(p) for p in phases],
+            "stages": {p.name: p.stages for p in [sequential, *phases]}, "report": report} | grants,
             indent=2, default=str))
 
 

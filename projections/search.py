@@ -183,16 +183,19 @@ async def _embed_query(query_vectors: QueryVectors, org_id: str, query: str) -> 
 # the lexical leg ranked: the best `$5` postings of each query term by impact (the partial index on
 # searchable rows) within the caller's visibility, Okapi BM25 of each chunk over those postings
 # (k1 1.2, b 0.75; a term weighs its idf times its count in the query, `$6`; a shared chunk's
-# postings are all read, the grants bounding them), chunks holding at
+# postings of the query terms are all read, once, for its df and its score), chunks holding at
 # least `$7` distinct query terms (at most as many as the corpus holds), best first, ties in
 # chunk-id text order, the first `$8`. Ranking in PostgreSQL returns `$8` ids instead of every
 # posting read (~2,500 per query at Search's pools, ~5,000 at assembly's) for the API to decode.
 _LEXICAL = f"""
 WITH shared AS MATERIALIZED (
-    SELECT h.resource_id AS chunk_id, h.share_id, c.term_count
-    FROM ({held_sql("chunk", org="$1", paths="$3::text[]", permission="$9::text")}) AS h
-    JOIN chunks c ON c.org_id = $1 AND c.chunk_id = h.resource_id
-    WHERE c.searchable AND NOT (c.scope_path = ANY($3::text[])) AND ($4 = '' OR c.domain = $4)
+    SELECT h.resource_id AS chunk_id, h.share_id, h.term_count
+    FROM ({held_sql("chunk", org="$1", paths="$3::text[]", permission="$9::text", columns="r.term_count",
+                    resource_filter="r.searchable AND NOT (r.scope_path = ANY($3::text[])) "
+                                    "AND ($4 = '' OR r.domain = $4)")}) AS h
+), shared_postings AS MATERIALIZED (
+    SELECT t.term, t.chunk_id, t.tf, t.doc_length FROM chunk_terms t
+    WHERE t.org_id = $1 AND t.term = ANY($2::text[]) AND t.chunk_id = ANY(ARRAY(SELECT chunk_id FROM shared))
 ), s AS (
     SELECT (coalesce(sum(n_docs), 0) + (SELECT count(*) FROM shared))::bigint AS n,
            (coalesce(sum(total_length), 0) + (SELECT coalesce(sum(term_count), 0) FROM shared))::bigint AS total
@@ -202,8 +205,7 @@ WITH shared AS MATERIALIZED (
         SELECT term, df FROM term_stats
         WHERE org_id = $1 AND term = ANY($2::text[]) AND scope_path = ANY($3::text[]) AND ($4 = '' OR domain = $4)
         UNION ALL
-        SELECT t.term, 1 FROM chunk_terms t JOIN shared ON t.chunk_id = shared.chunk_id
-        WHERE t.org_id = $1 AND t.term = ANY($2::text[])
+        SELECT term, count(*) FROM shared_postings GROUP BY term
     ) AS d
     GROUP BY term
 ), weights AS (
@@ -220,9 +222,7 @@ WITH shared AS MATERIALIZED (
         ORDER BY impact DESC LIMIT $5
     ) AS p
     UNION ALL
-    SELECT t.chunk_id, w.weight, t.tf, t.doc_length
-    FROM weights w JOIN chunk_terms t ON t.org_id = $1 AND t.term = w.term
-    WHERE t.chunk_id = ANY(ARRAY(SELECT chunk_id FROM shared))
+    SELECT sp.chunk_id, w.weight, sp.tf, sp.doc_length FROM weights w JOIN shared_postings sp ON sp.term = w.term
 ), scored AS (
     SELECT p.chunk_id,
            sum({term_score_sql("p.weight", "p.tf", "p.doc_length", "(s.total::float8 / s.n)",
@@ -250,8 +250,8 @@ def _fused(dims: int, *, exact: bool = False) -> str:
     graph holds half-precision copies of the vectors (migration 0012), top `$6`, same
     visibility; pgvector's iterative scan keeps filtering from starving it, up to its
     `hnsw.max_scan_tuples`; `exact`: ordered by the float32 cosine, an expression no index
-    serves, for a visible corpus small enough to rank whole; and the chunks shared with the
-    caller `$15`, ranked exactly, top `$6`), its union with the
+    serves, for a visible corpus small enough to rank whole; the chunks shared with the caller
+    `$15` are visible to it like its own), its union with the
     lexical leg's `$7`, and `retrieval.fusion.HYBRID` over that union: each candidate's cosine
     (on the float32 vector), its exact BM25 from all its postings of the query terms (`$8`, each
     term's weight idf x count in the query `$9`, mean length `$10`) normalised by the query's idf
@@ -278,17 +278,11 @@ def _fused(dims: int, *, exact: bool = False) -> str:
                 else f"embedding::halfvec({dims}) <=> $2::vector({dims})::halfvec({dims})")
     return f"""
 WITH vector_leg AS (
-    (SELECT chunk_id FROM chunks
-     WHERE org_id = $1 AND embedding_dims = {dims} AND embedding_model = $3 AND searchable
-       AND scope_path = ANY($4::text[]) AND ($5 = '' OR domain = $5)
-     ORDER BY {distance}
-     LIMIT $6)
-    UNION ALL
-    (SELECT chunk_id FROM chunks
-     WHERE org_id = $1 AND chunk_id = ANY($15::uuid[]) AND embedding_dims = {dims} AND embedding_model = $3
-       AND searchable AND ($5 = '' OR domain = $5)
-     ORDER BY embedding::vector({dims}) <=> $2::vector({dims})
-     LIMIT $6)
+    SELECT chunk_id FROM chunks
+    WHERE org_id = $1 AND embedding_dims = {dims} AND embedding_model = $3 AND searchable
+      AND (scope_path = ANY($4::text[]) OR chunk_id = ANY($15::uuid[])) AND ($5 = '' OR domain = $5)
+    ORDER BY {distance}
+    LIMIT $6
 ), ids AS MATERIALIZED (
     SELECT chunk_id FROM vector_leg UNION SELECT unnest($7::uuid[])
 ), signals AS (

@@ -154,18 +154,26 @@ _RESOURCE_TABLES = {"chunk": ("chunks", "chunk_id"), "snapshot": ("snapshots", "
                     "layer": ("guardrail_layers", "event_id")}
 
 
-def held_sql(resource_type: str, *, org: str, paths: str, permission: str) -> str:
+def held_sql(resource_type: str, *, org: str, paths: str, permission: str, resource_filter: str = "true",
+             columns: str = "") -> str:
     """A subquery of the resources of `resource_type` shared with the viewer whose visible paths
     are `paths` (a grant to its scope or an ancestor's: Visibility.holds) by a live grant with
     `permission` whose grantor owns the resource (at its scope or an ancestor's), each once, by
-    its oldest such grant: columns resource_id, share_id. The arguments are SQL expressions
-    (parameters) of the statement it goes in."""
+    its oldest such grant: columns resource_id, share_id, and `columns` of the resource's row
+    (alias `r`), keeping the resources `resource_filter` (on `r`) holds for. The arguments are SQL
+    expressions (parameters) of the statement it goes in. One join of grant and resource: a read
+    pays for its grants once (bench/search.py --grants)."""
     table, id_column = _RESOURCE_TABLES[resource_type]
-    return (f"SELECT DISTINCT ON (g.resource_id) g.resource_id, g.share_id FROM share_grants AS g "
+    extra = f", {columns}" if columns else ""
+    # The resource by its key, one lookup per grant (LIMIT 1 keeps the planner from turning the
+    # lookups into a scan of the org's resources, which grows with the org, not with the grants).
+    return (f"SELECT DISTINCT ON (g.resource_id) g.resource_id, g.share_id{extra} FROM share_grants AS g "
+            f"CROSS JOIN LATERAL (SELECT * FROM {table} WHERE org_id = g.org_id AND {id_column} = g.resource_id "
+            f"LIMIT 1) AS r "
             f"WHERE g.org_id = {org} AND g.resource_type = '{resource_type}' AND g.grantee_path = ANY({paths}) "
             f"AND g.revoked_at IS NULL AND {permission} = ANY(g.permissions) "
-            f"AND EXISTS (SELECT 1 FROM {table} AS r WHERE r.org_id = g.org_id AND r.{id_column} = g.resource_id "
-            f"AND (r.scope_path = g.grantor_path OR starts_with(g.grantor_path, r.scope_path || '/'))) "
+            f"AND (r.scope_path = g.grantor_path OR starts_with(g.grantor_path, r.scope_path || '/')) "
+            f"AND ({resource_filter}) "
             f"ORDER BY g.resource_id, g.created_at, g.share_id")
 
 
