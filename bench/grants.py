@@ -61,25 +61,14 @@ async def live_grants(database_url: str, org: str) -> int:
 async def ingest_owned(stack, org: str, texts: list[str], concurrency: int) -> float:
     """One IngestEvent per text as the owner team (an idempotency key each, so a reused data
     directory ingests nothing twice); returns the seconds of calls."""
-    token = stack.token(org, pillar=OWNER[0], team=OWNER[1])
-    async with grpc.aio.insecure_channel(stack.address) as channel:
-        stub = context_pb2_grpc.ContextEngineStub(channel)
-        bar = tqdm(total=len(texts), desc="IngestEvent (owner team)", unit="chunk", file=sys.stderr)
-        queue = iter(enumerate(texts))
+    async def ingest(stub, metadata, item: tuple[int, str]) -> None:
+        i, text = item
+        request = pb.IngestEventRequest(scope=_owner_scope(org), session_id=f"grants-s{i % OWNER_SESSIONS:03d}",
+                                        event_type="message", content=text.encode(), metadata={"grant_seq": str(i)})
+        await call_with_retry(stub.IngestEvent, request, (*metadata, ("idempotency-key", f"{org}/grants/{i}")))
 
-        async def client() -> None:
-            for i, text in queue:
-                request = pb.IngestEventRequest(scope=_owner_scope(org), session_id=f"grants-s{i % OWNER_SESSIONS:03d}",
-                                                event_type="message", content=text.encode(),
-                                                metadata={"grant_seq": str(i)})
-                await call_with_retry(stub.IngestEvent, request,
-                                      (("authorization", f"Bearer {token}"), ("idempotency-key", f"{org}/grants/{i}")))
-                bar.update()
-
-        started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        bar.close()
-        return time.perf_counter() - started
+    return await _as_owner(stack, org, 1, "IngestEvent (owner team)", list(enumerate(texts)), ingest, concurrency,
+                           unit="chunk")
 
 
 async def create_grants(stack, database_url: str, org: str, grantee: tuple[str, ...], n: int,
@@ -120,12 +109,15 @@ def _clearance(grantee: tuple[str, ...]) -> int:
     return 3 if grantee[0] == OWNER[0] else 4  # the spec: L4+ for a grantee in another pillar
 
 
-async def _as_owner(stack, org: str, clearance: int, what: str, items: list[str], call, concurrency: int) -> float:
+async def _as_owner(stack, org: str, clearance: int, what: str, items: list, call, concurrency: int, *,
+                    unit: str = "grant") -> float:
+    """`call(stub, metadata, item)` for each item as the owner team, `concurrency` in flight;
+    returns the seconds of calls."""
     token = stack.token(org, pillar=OWNER[0], team=OWNER[1], clearance=clearance)
     metadata = (("authorization", f"Bearer {token}"),)
     async with grpc.aio.insecure_channel(stack.address) as channel:
         stub = context_pb2_grpc.ContextEngineStub(channel)
-        bar = tqdm(total=len(items), desc=f"{what} (L{clearance})", unit="grant", file=sys.stderr)
+        bar = tqdm(total=len(items), desc=f"{what} (L{clearance})", unit=unit, file=sys.stderr)
         queue = iter(items)
 
         async def client() -> None:
