@@ -28,12 +28,14 @@ its compaction-threshold event (a log write); later calls do not.
 A data directory loaded by bench/search.py (same org, same chunks) can be given as --home.
 
 With --grants N (bench/grants.py) N more chunks are owned by bench-search/sales/emea (which the
-agent does not see), and the load phases run twice: without grants, then after CreateShare (L4:
-the grantee is in another pillar) has granted each of them to the agent's team bench/assembly
-with read + use_in_assembly; both runs are printed side by side with their throughput ratio. The
-second run's first call per session appends no compaction event (the first run's did).
+agent does not see), and the load phases run three times: without grants, with each of them
+granted to a team in another pillar (N live grants in the org the agent does not hold), and with
+--held M of them (default N) granted to the agent's team bench/assembly instead (CreateShare L4:
+the grantee is in another pillar; read + use_in_assembly); the runs are printed side by side with
+their throughput ratios. Later runs' first call per session appends no compaction event (the
+first run's did).
 
-    .venv/bin/python bench/assemble.py --chunks 5000 --grants 1000 --open-seconds 20 --closed-seconds 8
+    .venv/bin/python bench/assemble.py --chunks 5000 --grants 1000 --held 100 --open-seconds 20 --closed-seconds 8
 """
 
 from __future__ import annotations
@@ -57,7 +59,16 @@ from context_engine.embedded.process import disable_grpc_fork_handlers
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg
 import grpc  # noqa: E402
-from grants import add_grants_option, describe, fresh_queries, grant_runs, ingest_owned, live_grants, print_phases
+from grants import (
+    add_grants_option,
+    describe,
+    fresh_queries,
+    grant_runs,
+    held_count,
+    ingest_owned,
+    live_grants,
+    print_phases,
+)
 from grpc_load import drive_closed_loop, drive_open_loop, measured, one_at_a_time, spread_stub
 from options import add_load_options, stack_settings
 from report import load_average, machine, percentile
@@ -282,6 +293,7 @@ def main() -> None:
     parser.add_argument("--stage-calls", type=int, default=300)
     add_grants_option(parser)
     args = parser.parse_args()
+    caller_holds = held_count(args)  # --grants: how many of them the caller holds in the third run
     fresh_queries(args)
 
     corpus = make_corpus(args.chunks + args.grants)  # the texts after the first --chunks: the granted chunks'
@@ -333,8 +345,8 @@ def main() -> None:
             def run(granted: frozenset[str]) -> list[Phase]:
                 return asyncio.run(load_tests(stack, qs, sessions, args, granted))
 
-            elsewhere, with_grants, _ = grant_runs(stack, database_url, ORG, (PILLAR, TEAM), args.grants, run,
-                                                   wait_quiet, report)
+            elsewhere, with_grants, _ = grant_runs(stack, database_url, ORG, (PILLAR, TEAM), args.grants, caller_holds,
+                                                   run, wait_quiet, report)
         report["load_after"] = load_average()
         wait_quiet(stack)
         sequential = asyncio.run(stage_timings(stack, qs, sessions, args.stage_calls, args))
@@ -358,9 +370,9 @@ def main() -> None:
         print(f"load: {len(todo):,} IngestEvent calls ({args.ingest_concurrency} in flight) in {ingest_s:.0f} s; "
               f"every chunk embedded {embed_tail_s:.0f} s after the last ack")
     if args.grants:
-        print(describe(ORG, f"{ORG}/{PILLAR}/{TEAM}/{AGENT}", args.grants, report))
+        print(describe(ORG, f"{ORG}/{PILLAR}/{TEAM}/{AGENT}", args.grants, caller_holds, report))
     print()
-    print_phases(phases, elsewhere, with_grants, args.grants, "chunk_ids")
+    print_phases(phases, elsewhere, with_grants, args.grants, caller_holds, "chunk_ids")
     every = phases + elsewhere + with_grants
     calls = sum(len(p.latencies) for p in every)
     print(f"responses starting with the four layers: {sum(p.layers_ok for p in every):,} of {calls:,}; mean "
@@ -371,7 +383,7 @@ def main() -> None:
     if with_grants:
         print("-- without grants --")
         print_stage_tables(phases)
-        print(f"-- with {args.grants:,} live grants --")
+        print(f"-- with {args.grants:,} live grants, {caller_holds:,} held by the caller --")
     print_stage_tables([sequential, *(with_grants or phases)])
 
     open_phase = next(p for p in phases if p.offered)

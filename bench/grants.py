@@ -6,9 +6,10 @@ N extra chunks (bench/search.py's corpus maker, the texts after the main corpus'
 the team OWNER (one IngestEvent each, sessions of their own), a scope whose chunks the measured
 caller does not see by ownership. After the run without grants, CreateShare grants each of them
 with read + use_in_assembly to BYSTANDER (a team in another pillar: grants in the org the caller
-does not hold); after that run they are revoked and each chunk is granted to the caller's team,
-so every Search / AssembleContext of the third run holds N grants (clearance 3, 4 when the
-grantee is in another pillar).
+does not hold); after that run `--held M` of them (default all N) are revoked and their chunks
+granted to the caller's team instead, so the org still holds N live grants and every Search /
+AssembleContext of the third run holds M of them (clearance 3, 4 when the grantee is in another
+pillar).
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ PERMISSIONS = ("read", "use_in_assembly")
 
 def add_grants_option(parser) -> None:
     parser.add_argument("--grants", type=int, default=0,
-                        help="measure the load phases without, then with this many live grants to the caller")
+                        help="measure the load phases without grants, with this many live grants in the org held "
+                             "by another team, and with --held of them held by the caller instead")
+    parser.add_argument("--held", type=int, default=None,
+                        help="with --grants N: how many of the N grants the caller holds in the third run "
+                             "(default N)")
 
 
 def _owner_scope(org: str) -> pb.ScopePath:
@@ -139,33 +144,44 @@ async def _analyze(database_url: str) -> None:
         await conn.close()
 
 
-def grant_runs(stack, database_url: str, org: str, caller_team: tuple[str, ...], n: int, run, wait_quiet,
+def held_count(args) -> int:
+    """--held, checked against --grants."""
+    held = args.grants if args.held is None else args.held
+    if not 0 <= held <= args.grants:
+        raise SystemExit(f"--held {held}: must be between 0 and --grants ({args.grants})")
+    return held
+
+
+def grant_runs(stack, database_url: str, org: str, caller_team: tuple[str, ...], n: int, m: int, run, wait_quiet,
                report: dict) -> tuple[list, list, frozenset[str]]:
-    """The second and third runs: `run(granted)` with n grants held by BYSTANDER, then, those
-    revoked, with n held by `caller_team`. Returns both runs' phases and the chunks the caller
-    holds; the seconds of the calls go in `report`."""
+    """The second and third runs: `run(granted)` with n grants held by BYSTANDER, then, m of
+    those revoked and their chunks granted to `caller_team`, with m of the org's n held by the
+    caller. Returns both runs' phases and the chunks the caller holds; the seconds of the calls
+    go in `report`."""
     elsewhere, report["grants_elsewhere_s"] = asyncio.run(create_grants(stack, database_url, org, BYSTANDER, n))
     wait_quiet(stack)
     bystanders = run(frozenset())
-    report["revoke_s"] = asyncio.run(revoke_grants(stack, database_url, org, list(elsewhere.values())))
-    held, report["grants_s"] = asyncio.run(create_grants(stack, database_url, org, caller_team, n))
+    moved = sorted(elsewhere)[:m]  # the chunks create_grants gives the caller: the first m owned, by id
+    report["revoke_s"] = asyncio.run(revoke_grants(stack, database_url, org, [elsewhere[c] for c in moved]))
+    held, report["grants_s"] = asyncio.run(create_grants(stack, database_url, org, caller_team, m))
+    assert sorted(held) == moved, "the caller's grants are not the revoked grants' chunks"
     wait_quiet(stack)
     return bystanders, run(frozenset(held)), frozenset(held)
 
 
-def describe(org: str, caller: str, n: int, report: dict) -> str:
+def describe(org: str, caller: str, n: int, m: int, report: dict) -> str:
     return (f"grants: {n:,} more chunks owned by {org}/{'/'.join(OWNER)} ({report['owned_ingest_s']:.0f} s of "
             f"IngestEvent); run 2: each granted to {org}/{'/'.join(BYSTANDER)} (read + use_in_assembly, "
             f"L{_clearance(BYSTANDER)}, {report['grants_elsewhere_s']:.0f} s of CreateShare, 8 in flight); run 3: "
-            f"those revoked ({report['revoke_s']:.0f} s) and each granted to the caller {caller} "
-            f"({report['grants_s']:.0f} s)")
+            f"{m:,} of those revoked ({report['revoke_s']:.0f} s) and their chunks granted to the caller {caller} "
+            f"({report['grants_s']:.0f} s): {n:,} live grants in the org, {m:,} held by the caller")
 
 
-def print_side_by_side(runs: list[list], n: int) -> None:
-    """Each phase's line in each run (without grants, n grants held elsewhere, n held by the
-    caller), its throughput ratio to the first, and the saturation ratio (the best closed loop
-    of each run)."""
-    labels = ("no grants", f"{n:,} grants elsewhere", f"{n:,} grants held")
+def print_side_by_side(runs: list[list], n: int, m: int) -> None:
+    """Each phase's line in each run (without grants, n grants held elsewhere, m of n held by
+    the caller), its throughput ratio to the first, and the saturation ratio (the best closed
+    loop of each run)."""
+    labels = ("no grants", f"{n:,} grants elsewhere", f"{m:,} of {n:,} held")
     width = max(map(len, labels)) + 2
     for phases in zip(*runs, strict=True):
         for label, p in zip(labels, phases):
@@ -176,14 +192,14 @@ def print_side_by_side(runs: list[list], n: int) -> None:
           + "; ratios " + ", ".join(f"{b / best[0]:.3f}" for b in best[1:]) + " (issue 21: within 10 %)")
 
 
-def print_phases(without: list, elsewhere: list, held: list, n: int, granted_items: str) -> None:
+def print_phases(without: list, elsewhere: list, held: list, n: int, m: int, granted_items: str) -> None:
     """The load phases' lines: side by side with the grants' runs when there are some, then how
     many of the last run's `granted_items` were granted chunks."""
     if not held:
         for phase in without:
             print(phase.line())
         return
-    print_side_by_side([without, elsewhere, held], n)
+    print_side_by_side([without, elsewhere, held], n, m)
     print(f"{granted_items} that are granted chunks, with the grants held: {sum(p.via_grants for p in held):,} in "
           f"{sum(len(p.latencies) for p in held):,} calls")
 

@@ -31,10 +31,12 @@ between them: the bundled broker's fetches cost more with every batch it holds
 
 With --grants N (bench/grants.py) the searcher is the team bench-search/sales/apac at clearance 1
 (it sees the org's chunks by ancestry), N more chunks are owned by sales/emea, and the load phases
-run twice: without grants, then after CreateShare has granted each of those chunks to sales/apac
-(read + use_in_assembly); both runs are printed side by side with their throughput ratio.
+run three times: without grants, with each of those chunks granted to a team in another pillar
+(N live grants in the org, none held by the searcher), and with --held M of them (default N)
+granted to sales/apac instead (read + use_in_assembly); the runs are printed side by side with
+their throughput ratios.
 
-    .venv/bin/python bench/search.py --chunks 5000 --grants 1000 --open-seconds 20 --closed-seconds 8
+    .venv/bin/python bench/search.py --chunks 5000 --grants 1000 --held 100 --open-seconds 20 --closed-seconds 8
 """
 
 from __future__ import annotations
@@ -58,7 +60,16 @@ from context_engine.embedded.process import disable_grpc_fork_handlers
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg
 import grpc  # noqa: E402
-from grants import add_grants_option, describe, fresh_queries, grant_runs, ingest_owned, live_grants, print_phases
+from grants import (
+    add_grants_option,
+    describe,
+    fresh_queries,
+    grant_runs,
+    held_count,
+    ingest_owned,
+    live_grants,
+    print_phases,
+)
 from grpc_load import RETRIES, call_with_retry, drive_closed_loop, drive_open_loop, measured, one_at_a_time, spread_stub
 from locomo import LOCOMO_DIR, load_locomo
 from options import add_load_options, stack_settings
@@ -263,6 +274,7 @@ def main() -> None:
                         help="restart the stack after this many ingested chunks (the bundled broker slows as it fills)")
     add_grants_option(parser)
     args = parser.parse_args()
+    caller_holds = held_count(args)  # --grants: how many of them the caller holds in the third run
     fresh_queries(args)
 
     corpus = make_corpus(args.chunks + args.grants)  # the texts after the first --chunks: the granted chunks'
@@ -329,8 +341,8 @@ def main() -> None:
             def run(granted: frozenset[str]) -> list[Phase]:
                 return asyncio.run(load_tests(stack, qs, args, granted))
 
-            elsewhere, with_grants, _ = grant_runs(stack, database_url, ORG, GRANTEE, args.grants, run,
-                                                   wait_quiet, report)
+            elsewhere, with_grants, _ = grant_runs(stack, database_url, ORG, GRANTEE, args.grants, caller_holds,
+                                                   run, wait_quiet, report)
         report["load_after"] = load_average()
         wait_quiet(stack)
         sequential = asyncio.run(stage_timings(stack, qs, args.stage_queries, args))
@@ -358,9 +370,9 @@ def main() -> None:
           f"spread over {args.connections} connections); {args.api_processes} API process(es)"
           + "".join(f", {k}={v}" for k, v in stack_settings(args).items()))
     if args.grants:
-        print(describe(ORG, f"{ORG}/{'/'.join(GRANTEE)} (clearance 1)", args.grants, report))
+        print(describe(ORG, f"{ORG}/{'/'.join(GRANTEE)} (clearance 1)", args.grants, caller_holds, report))
     print()
-    print_phases(phases, elsewhere, with_grants, args.grants, "results")
+    print_phases(phases, elsewhere, with_grants, args.grants, caller_holds, "results")
     outcomes = collections.Counter()
     for phase in phases + elsewhere + with_grants:
         outcomes.update(phase.outcomes)
@@ -369,7 +381,7 @@ def main() -> None:
     if with_grants:
         print("-- without grants --")
         print_stage_tables(phases)
-        print(f"-- with {args.grants:,} live grants --")
+        print(f"-- with {args.grants:,} live grants, {caller_holds:,} held by the caller --")
     print_stage_tables([sequential, *(with_grants or phases)])
 
     if args.json:
