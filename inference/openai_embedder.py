@@ -15,6 +15,7 @@ from inference.embedder import (
     check_texts,
     l2_normalise,
 )
+from inference.openai_http import Retryable, RetryPolicy, json_session, post_json
 
 __all__ = ["OpenAIEmbedder"]
 
@@ -26,37 +27,6 @@ _NATIVE_DIMENSIONS = {
     "text-embedding-3-large": 3072,
     "text-embedding-ada-002": 1536,
 }
-
-
-class _Retryable(Exception):
-    def __init__(self, detail: str, *, status: int | None = None,
-                 retry_after: float | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.retry_after = retry_after
-
-
-def _retry_after_seconds(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # HTTP-date form: fall back to our own backoff
-
-
-def _error_detail(body: bytes) -> str:
-    import orjson
-
-    try:
-        doc = orjson.loads(body)
-        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
-            msg = doc["error"].get("message")
-            if msg:
-                return str(msg)[:500]
-    except orjson.JSONDecodeError:
-        pass
-    return body[:500].decode("utf-8", errors="replace")
 
 
 class OpenAIEmbedder:
@@ -87,8 +57,7 @@ class OpenAIEmbedder:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 8.0,
     ) -> None:
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
+        self.retry = RetryPolicy(max_attempts, backoff_initial_s, backoff_max_s)
         if not 1 <= max_batch_size <= 2048:
             raise ValueError("max_batch_size must be in [1, 2048] (the API's input limit)")
         self.model = model
@@ -141,14 +110,7 @@ class OpenAIEmbedder:
     # -- internals -----------------------------------------------------------------------
 
     def _new_session(self) -> Any:
-        import aiohttp
-
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return aiohttp.ClientSession(
-            headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-        )
+        return json_session(self._api_key, self.timeout_s)
 
     def _loop_session(self) -> Any:
         loop = asyncio.get_running_loop()
@@ -169,20 +131,6 @@ class OpenAIEmbedder:
         return l2_normalise(np.concatenate(parts, axis=0))
 
     async def _embed_batch(self, session: Any, batch: list[str]) -> np.ndarray:
-        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
-
-        backoff = wait_exponential_jitter(
-            multiplier=self.backoff_initial_s, max=self.backoff_max_s,
-            jitter=self.backoff_initial_s,
-        )
-
-        def wait(state: Any) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            retry_after = getattr(exc, "retry_after", None)
-            if retry_after is not None:
-                return min(retry_after, self.backoff_max_s)
-            return backoff(state)
-
         payload: dict[str, Any] = {
             "model": self.model,
             "input": [t if t else " " for t in batch],
@@ -190,45 +138,18 @@ class OpenAIEmbedder:
         }
         if self.dimensions:
             payload["dimensions"] = self.dimensions
-        try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(self.max_attempts),
-                wait=wait,
-                retry=retry_if_exception_type(_Retryable),
-                reraise=True,
-            ):
-                with attempt:
-                    return await self._post_once(session, payload, len(batch))
-        except _Retryable as exc:
-            raise EmbeddingUnavailable(
-                f"embedding service {self.base_url} still failing after "
-                f"{self.max_attempts} attempts: {exc}",
-                status=exc.status,
-            ) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _post_once(self, session: Any, payload: dict[str, Any], n: int) -> np.ndarray:
-        import aiohttp
-        import orjson
-
         url = f"{self.base_url}/embeddings"
-        try:
-            async with session.post(url, data=orjson.dumps(payload)) as resp:
-                body = await resp.read()
-                status = resp.status
-                retry_after = _retry_after_seconds(resp.headers.get("Retry-After"))
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
-        if status == 429 or status >= 500:
-            raise _Retryable(f"HTTP {status}: {_error_detail(body)}", status=status,
-                             retry_after=retry_after)
-        if status != 200:
-            raise EmbeddingError(
-                f"embedding request rejected by {url} (model {self.model!r}): "
-                f"HTTP {status}: {_error_detail(body)}",
-                status=status,
-            )
-        return self._parse(body, n)
+
+        def exhausted(exc: Retryable) -> Exception:
+            return EmbeddingUnavailable(f"embedding service {self.base_url} still failing after "
+                                        f"{self.max_attempts} attempts: {exc}", status=exc.status)
+
+        def rejected(status: int, detail: str) -> Exception:
+            return EmbeddingError(f"embedding request rejected by {url} (model {self.model!r}): "
+                                  f"HTTP {status}: {detail}", status=status)
+
+        body = await post_json(session, url, payload, self.retry, exhausted=exhausted, rejected=rejected)
+        return self._parse(body, len(batch))
 
     def _parse(self, body: bytes, n: int) -> np.ndarray:
         import orjson

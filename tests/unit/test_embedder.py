@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import http.server
 import json
 import socket
 import threading
@@ -19,6 +18,7 @@ from inference.embedder import Embedder, EmbeddingError, EmbeddingUnavailable, b
 from inference.int8_check import INT8_CHECK_TEXTS, INT8_MIN_COSINE, Int8Check, compare_products
 from inference.minilm_embedder import MiniLMEmbedder
 from inference.openai_embedder import OpenAIEmbedder
+from tests.fixtures.json_server import ScriptedJSONServer
 
 # ============================================================================================
 # MiniLM
@@ -296,45 +296,13 @@ def expected_unit(text: str, dim: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-class FakeEmbeddingsServer:
-    """http.server in a thread on 127.0.0.1:<random>: usable from embed() and embed_sync()."""
+class FakeEmbeddingsServer(ScriptedJSONServer):
+    """An OpenAI-compatible /embeddings."""
 
     def __init__(self) -> None:
-        self.requests: list[dict] = []
-        self.script: list[tuple[int, dict, dict]] = []  # (status, json body, headers) to play first
+        super().__init__()
         self.reported_model: str | None = None
         self.dim_override: int | None = None
-        self._lock = threading.Lock()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with outer._lock:
-                    outer.requests.append({"path": self.path, "headers": dict(self.headers),
-                                           "body": body})
-                    scripted = outer.script.pop(0) if outer.script else None
-                if scripted is not None:
-                    status, payload, headers = scripted
-                else:
-                    status, payload, headers = 200, outer.respond(body), {}
-                raw = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(raw)
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     def respond(self, body: dict) -> dict:
         model = body["model"]
@@ -347,12 +315,7 @@ class FakeEmbeddingsServer:
                 "usage": {"prompt_tokens": 1, "total_tokens": 1}}
 
     def __enter__(self) -> "FakeEmbeddingsServer":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        return super().__enter__()
 
 
 @pytest.fixture
