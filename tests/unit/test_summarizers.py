@@ -1,0 +1,152 @@
+"""inference/summarizers: the extractive backend keeps every fact and drops chit-chat and
+repetition; the chat-completions backend against a local HTTP server (request, retries, clear
+errors)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from inference.facts import extract, retention
+from inference.openai_http import RetryPolicy
+from inference.summarizers import SummarizerError, Turn
+from inference.summarizers.chat_completions import ChatCompletionsSummarizer
+from inference.summarizers.extractive import ExtractiveSummarizer, sentences, summarize
+from tests.fixtures.json_server import ScriptedJSONServer
+
+DIALOGUE = [
+    Turn("user", "Hey Mel! Good to see you. I went to the LGBTQ support group on 7 May 2023."),
+    Turn("assistant", "Wow, that is awesome! How was it?"),
+    Turn("user", "It was great. Caroline was there too. Caroline was there too! We paid $40 for 2 tickets."),
+    Turn("assistant", "Thanks for sharing. My order id is INV-2041, see https://example.com/o/2041."),
+    Turn("user", "haha ok"),
+]
+
+
+def test_the_extractive_summary_keeps_every_fact_of_the_turns() -> None:
+    summary = summarize(DIALOGUE)
+    r = retention([t.content for t in DIALOGUE], summary)
+    assert r.total > 0 and r.missing == () and r.score == 1.0
+
+
+def test_the_extractive_summary_drops_chit_chat_and_repetition() -> None:
+    summary = summarize(DIALOGUE)
+    assert "How was it?" not in summary and "haha ok" not in summary and "It was great." not in summary
+    assert summary.count("Caroline was there too") == 1
+    assert len(summary) < sum(len(t.content) for t in DIALOGUE)
+
+
+def test_the_extractive_summary_keeps_speakers_and_order() -> None:
+    lines = summarize(DIALOGUE).splitlines()
+    assert [line.split(":", 1)[0] for line in lines] == ["user", "user", "assistant"]
+    assert lines[0].startswith("user: Hey Mel!")
+
+
+def test_a_fact_only_the_whole_turn_shows_is_kept_with_its_sentences() -> None:
+    """The quoted string spans two sentences: no sentence alone holds it, so the turn's
+    sentences are kept together."""
+    turns = [Turn("user", 'She said "Stop. Now." and left.'), Turn("user", "ok")]
+    assert not any(f.kind == "quoted" for s in sentences(turns[0].content) for f in extract(s))
+    summary = summarize(turns)
+    assert retention([t.content for t in turns], summary).missing == ()
+    assert summary == 'user: She said "Stop. Now." and left.'
+
+
+def test_turns_without_facts_summarise_to_nothing() -> None:
+    assert summarize([Turn("user", "thanks!"), Turn("assistant", "you are welcome")]) == ""
+
+
+@pytest.mark.parametrize("content", ["", "\x00\x00", "a" * 50_000, "\n\n\n", "😀" * 500, "1. 2. 3."])
+def test_hostile_turns_summarise_without_losing_a_fact(content: str) -> None:
+    turns = [Turn("user", content), Turn("", "Bob paid 5 dollars.")]
+    summary = summarize(turns)
+    assert retention([t.content for t in turns], summary).missing == ()
+
+
+def test_sentences_split_on_end_marks_and_lines() -> None:
+    assert sentences("One. Two!  Three?\nFour… five") == ["One.", "Two!", "Three?", "Four…", "five"]
+
+
+async def test_the_extractive_backend_is_a_summarizer() -> None:
+    backend = ExtractiveSummarizer()
+    assert backend.name == "extractive"
+    assert await backend.summarize(DIALOGUE) == summarize(DIALOGUE)
+
+
+class FakeChatServer(ScriptedJSONServer):
+    """An OpenAI-compatible /chat/completions that answers with `answer`."""
+
+    answer = "user: I went to the LGBTQ support group on 7 May 2023."
+
+    def respond(self, body: dict) -> dict:
+        return {"id": "c1", "object": "chat.completion", "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer},
+                             "finish_reason": "stop"}]}
+
+
+@pytest.fixture
+def chat() -> Iterator[FakeChatServer]:
+    with FakeChatServer() as srv:
+        yield srv
+
+
+def _backend(chat: FakeChatServer, **kw: object) -> ChatCompletionsSummarizer:
+    opts: dict = {"base_url": chat.base_url, "model": "gemini-2.5-flash-lite", "api_key": "sk-test",
+                  "timeout_s": 5.0, "retry": RetryPolicy(3, 0.01, 0.05)}
+    opts.update(kw)
+    return ChatCompletionsSummarizer(**opts)
+
+
+async def test_chat_completions_sends_the_transcript_and_returns_the_completion(chat: FakeChatServer) -> None:
+    summary = await _backend(chat).summarize(DIALOGUE[:2])
+    assert summary == FakeChatServer.answer
+    [request] = chat.requests
+    assert request["path"] == "/v1/chat/completions"
+    assert request["headers"]["Authorization"] == "Bearer sk-test"
+    body = request["body"]
+    assert body["model"] == "gemini-2.5-flash-lite" and body["temperature"] == 0
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert body["messages"][1]["content"] == "user: " + DIALOGUE[0].content + "\nassistant: " + DIALOGUE[1].content
+
+
+async def test_chat_completions_retries_429_and_500_then_succeeds(chat: FakeChatServer) -> None:
+    chat.script = [(429, {"error": {"message": "slow down"}}, {"Retry-After": "0"}),
+                   (500, {"error": {"message": "boom"}}, {})]
+    assert await _backend(chat).summarize(DIALOGUE) == FakeChatServer.answer
+    assert len(chat.requests) == 3
+
+
+async def test_chat_completions_gives_up_with_a_clear_error(chat: FakeChatServer) -> None:
+    chat.script = [(503, {"error": {"message": "overloaded"}}, {})] * 3
+    with pytest.raises(SummarizerError, match=r"still failing after 3 attempts: HTTP 503: overloaded") as e:
+        await _backend(chat).summarize(DIALOGUE)
+    assert chat.base_url in str(e.value) and "gemini-2.5-flash-lite" in str(e.value)
+
+
+async def test_chat_completions_400_is_not_retried(chat: FakeChatServer) -> None:
+    chat.script = [(400, {"error": {"message": "bad model"}}, {})]
+    with pytest.raises(SummarizerError, match=r"rejected the request: HTTP 400: bad model"):
+        await _backend(chat).summarize(DIALOGUE)
+    assert len(chat.requests) == 1
+
+
+@pytest.mark.parametrize("payload", [{}, {"choices": []}, {"choices": [{"message": {"content": "  "}}]},
+                                     {"choices": [{"message": {"content": 7}}]}])
+async def test_chat_completions_malformed_or_empty_answers_are_errors(chat: FakeChatServer, payload: dict) -> None:
+    chat.script = [(200, payload, {})]
+    with pytest.raises(SummarizerError, match="malformed|empty"):
+        await _backend(chat).summarize(DIALOGUE)
+
+
+async def test_chat_completions_unreachable_server_is_an_error() -> None:
+    with FakeChatServer() as srv:
+        url = srv.base_url
+    backend = ChatCompletionsSummarizer(base_url=url, model="m", timeout_s=1.0, retry=RetryPolicy(2, 0.01, 0.02))
+    with pytest.raises(SummarizerError, match="still failing after 2 attempts"):
+        await backend.summarize(DIALOGUE)
+
+
+def test_chat_completions_needs_a_url() -> None:
+    with pytest.raises(ValueError, match="base_url"):
+        ChatCompletionsSummarizer(base_url="", model="m")
