@@ -74,7 +74,7 @@ _UNITS = {alias: unit for unit, *aliases in (
 ) for alias in (unit, *aliases)}
 
 # Capitalised words that start sentences without naming anything.
-_ORDINARY = frozenset("""
+ORDINARY_WORDS = frozenset("""
 a about after again all also an and another any are as at back be because been before being both but by
 can could did do does doing done each even every few for from had has have having he her here hers him his
 how i if in into is it its just let like made make many maybe me might more most much must my no nor not
@@ -82,7 +82,8 @@ now of off oh ok okay on once one only or other our ours out over please really 
 some still such sure than thank thanks that the their them then there these they this those though to
 too under until up us very was we well were what when where which while who whom why will with would yeah
 yes yet you your yours hi hello hey wow great good nice cool awesome amazing yesterday today tomorrow
-tonight last next sounds totally absolutely definitely honestly anyway btw lol haha
+tonight last next sounds totally absolutely definitely honestly anyway btw lol haha gonna wanna gotta
+yep yup nope omg aww ooh ah hmm glad congrats congratulations love wish hope guess think
 """.split())
 
 _URL = re.compile(r"(?:https?://|www\.)[^\s<>\"'`]+", re.IGNORECASE)
@@ -271,7 +272,7 @@ def _words_value(text: str) -> str | None:
 
 def _names(text: str, claimed: bytearray) -> set[str]:
     """Runs of capitalised words outside claimed spans, case-folded. Not a name: an ordinary
-    word (_ORDINARY), a month or weekday, a single letter, and a sentence's first word when
+    word (ORDINARY_WORDS), a month or weekday, a single letter, and a sentence's first word when
     the text also has it in lower case ("Painting is fun. I like painting")."""
     starts = {0} | {m.end() for m in _SENTENCE_END.finditer(text)}
     lower = {w for w in re.findall(r"[^\W\d_]+", text) if w.islower()}
@@ -279,11 +280,11 @@ def _names(text: str, claimed: bytearray) -> set[str]:
     run: list[str] = []
     run_end = -1
     for m in _WORD.finditer(text):
-        word = m.group(0).rstrip(".'’-")
+        word = re.split(r"['’]", m.group(0).rstrip(".-"), maxsplit=1)[0]  # "I'm" -> "I", "Mel's" -> "Mel"
         folded = word.casefold()
         at_start = text[:m.start()].rstrip(" \t\"'“‘([").__len__() in starts or m.start() in starts
         is_name = (len(word) > 1 and word[0].isupper() and not any(claimed[m.start():m.end()])
-                   and folded not in _ORDINARY and folded not in MONTHS and folded not in WEEKDAYS
+                   and folded not in ORDINARY_WORDS and folded not in MONTHS and folded not in WEEKDAYS
                    and not (at_start and folded in lower))
         if run and (not is_name or text[run_end:m.start()].strip()):
             names.add(" ".join(run))

@@ -1,11 +1,14 @@
-"""The offline summarizer: the older turns' fact-bearing sentences, in order, each once.
+"""The offline summarizer: the older turns' informative sentences, in order, each once.
 
-A sentence is kept when it holds a fact (inference/facts.py) no sentence kept before it holds;
-a sentence without a fact (greetings, thanks, reactions) or whose facts are all kept already (a
-repetition) is dropped. Each turn's kept sentences stay under its speaker ("user: ..."), so the
-summary reads as the dialogue it replaces. Facts the sentence split cuts apart (a name found
-only in the context of its whole turn) are caught by scoring the draft against the turns and
-keeping, for each fact still missing, the first sentence that has it, else its whole turn.
+A sentence is kept when it holds a fact (inference/facts.py) no sentence kept before it holds,
+or at least NEW_TERMS search terms (projections/retrieval/bm25.py's analyzer, without the
+chit-chat words of facts.ORDINARY_WORDS) that no kept sentence has: what happened ("I painted
+that lake sunrise") has no fact of the extractor's kinds, and retrieval finds the summary by its
+terms. A sentence with neither (greetings, thanks, reactions, a repetition) is dropped. Each
+turn's kept sentences stay under its speaker ("user: ..."), so the summary reads as the dialogue
+it replaces. Facts the sentence split cuts apart (a quoted string spanning two sentences) are
+caught by scoring the draft against the turns and keeping, for each fact still missing, the
+sentences that hold it, else its whole turn.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from inference.facts import Fact, extract, retention
+from inference.facts import ORDINARY_WORDS, Fact, extract, retention
 from inference.summarizers import Turn
+from projections.retrieval.bm25 import analyze
+
+NEW_TERMS = 2
 
 _SENTENCE = re.compile(r"[^.!?…\n]+(?:[.!?…]+[\"')\]]*|$)")
 
@@ -35,16 +41,22 @@ def summarize(turns: Sequence[Turn]) -> str:
     split = [sentences(t.content) for t in turns]
     keep = [[False] * len(s) for s in split]
     covered: set[Fact] = set()
+    said: set[str] = set()  # the kept sentences' terms
     for i, turn_sentences in enumerate(split):
         for j, sentence in enumerate(turn_sentences):
-            facts = extract(sentence)
-            if facts - covered:
+            facts, terms = extract(sentence), _terms(sentence)
+            if facts - covered or len(terms - said) >= NEW_TERMS:
                 keep[i][j] = True
                 covered |= facts
+                said |= terms
     draft = _render(turns, split, keep)
     for fact in retention([t.content for t in turns], draft).missing:
         _keep_first_holding(fact, turns, split, keep)
     return _render(turns, split, keep)
+
+
+def _terms(sentence: str) -> set[str]:
+    return {t for t in analyze(sentence) if len(t) > 2 and t not in ORDINARY_WORDS and not t.isdigit()}
 
 
 def _keep_first_holding(fact: Fact, turns: Sequence[Turn], split: list[list[str]], keep: list[list[bool]]) -> None:

@@ -80,6 +80,10 @@ def test_a_first_word_the_text_also_has_in_lower_case_is_not_a_name() -> None:
     assert kinds("Painting is fun.", "name") == {"painting"}  # nothing says otherwise: kept
 
 
+def test_contractions_and_possessives_name_their_word() -> None:
+    assert kinds("I'm here. What's up? It's Mel's dog. Gonna go, you've seen it.", "name") == {"mel"}
+
+
 def test_months_and_weekdays_are_not_names() -> None:
     assert kinds("On Monday we met in May.", "name") == set()
 

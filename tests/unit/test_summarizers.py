@@ -37,6 +37,18 @@ def test_the_extractive_summary_drops_chit_chat_and_repetition() -> None:
     assert len(summary) < sum(len(t.content) for t in DIALOGUE)
 
 
+def test_a_sentence_without_a_fact_is_kept_for_what_it_tells() -> None:
+    """No name, number or date, but an event: its new search terms keep it."""
+    turns = [Turn("Melanie", "Yeah, I painted that lake sunrise last year!"), Turn("Caroline", "Wow, so cool!")]
+    assert not extract(turns[0].content)
+    assert summarize(turns) == "Melanie: Yeah, I painted that lake sunrise last year!"
+
+
+def test_a_sentence_that_repeats_what_was_kept_is_dropped() -> None:
+    turns = [Turn("a", "I painted that lake sunrise."), Turn("b", "You painted that lake sunrise?")]
+    assert summarize(turns) == "a: I painted that lake sunrise."
+
+
 def test_the_extractive_summary_keeps_speakers_and_order() -> None:
     lines = summarize(DIALOGUE).splitlines()
     assert [line.split(":", 1)[0] for line in lines] == ["user", "user", "assistant"]
