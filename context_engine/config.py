@@ -175,6 +175,15 @@ class Settings(BaseSettings):
     savings_sample_rate: float = Field(default=0.05, ge=0.0, le=1.0)
     savings_sample_rate_by_org: dict[str, float] = {}
 
+    # Compaction's summarizer (docs/compaction.md): "extractive" (offline, no model) or
+    # "chat_completions" (an OpenAI-compatible /chat/completions at compaction_llm_url).
+    compaction_summarizer: Literal["extractive", "chat_completions"] = "extractive"
+    compaction_llm_url: str | None = None
+    compaction_llm_model: str = "gemini-2.5-flash-lite"
+    compaction_llm_api_key: SecretStr | None = None
+    compaction_llm_timeout_seconds: float = Field(default=30.0, gt=0.0, le=600.0)
+    compaction_llm_max_attempts: int = Field(default=4, ge=1, le=10)
+
     # PII redaction of pushed memory (docs/pii.md): the detector the worker calls, per call.
     pii_detector_timeout_seconds: float = 2.0
     # PullContext waits this long for a just-pushed version's scan before UNAVAILABLE.
@@ -188,6 +197,13 @@ class Settings(BaseSettings):
             raise ValueError(f"org_write_burst_bytes ({self.org_write_burst_bytes}) must be at least "
                              f"max_content_bytes ({self.max_content_bytes}): the largest content "
                              "could never be written")
+        return self
+
+    @model_validator(mode="after")
+    def _an_llm_summarizer_has_an_url(self) -> "Settings":
+        if self.compaction_summarizer == "chat_completions" and not self.compaction_llm_url:
+            raise ValueError("compaction_summarizer 'chat_completions' needs compaction_llm_url "
+                             "(CONTEXT_ENGINE_COMPACTION_LLM_URL), the API's base URL")
         return self
 
     def tenant_min_score(self, org_id: str) -> float:

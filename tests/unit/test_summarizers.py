@@ -162,3 +162,24 @@ async def test_chat_completions_unreachable_server_is_an_error() -> None:
 def test_chat_completions_needs_a_url() -> None:
     with pytest.raises(ValueError, match="base_url"):
         ChatCompletionsSummarizer(base_url="", model="m")
+
+
+def test_the_settings_choose_the_summarizer() -> None:
+    from context_engine.config import Settings
+    from inference.summarizers import summarizer_from_settings
+
+    assert isinstance(summarizer_from_settings(Settings()), ExtractiveSummarizer)
+    llm = summarizer_from_settings(Settings(compaction_summarizer="chat_completions",
+                                            compaction_llm_url="http://127.0.0.1:9/v1/", compaction_llm_api_key="k",
+                                            compaction_llm_max_attempts=2))
+    assert isinstance(llm, ChatCompletionsSummarizer)
+    assert (llm.base_url, llm.model, llm.retry.max_attempts) == ("http://127.0.0.1:9/v1", "gemini-2.5-flash-lite", 2)
+
+
+def test_an_llm_summarizer_without_an_url_is_refused_at_start() -> None:
+    from pydantic import ValidationError
+
+    from context_engine.config import Settings
+
+    with pytest.raises(ValidationError, match="COMPACTION_LLM_URL"):
+        Settings(compaction_summarizer="chat_completions")
