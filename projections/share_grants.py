@@ -31,17 +31,21 @@ RESOURCE_TYPES = ("chunk", "snapshot", "layer")
 PERMISSIONS = ("read", "use_in_assembly")
 MAX_REASON = 1024  # characters of a grant's or a revocation's audit annotation
 
+# Each resource type's table and id column: where a grant's resource and its owner are.
+_RESOURCE_TABLES = {"chunk": ("chunks", "chunk_id"), "snapshot": ("snapshots", "snapshot_id"),
+                    "layer": ("guardrail_layers", "event_id")}
+
+
+def _by_type(type_param: str, exists_where: str) -> str:
+    """A CASE on the resource type `type_param`: whether its table has the row `$2` of org `$1`
+    for which `exists_where` holds (false for another type)."""
+    arms = "\n".join(f"    WHEN '{t}' THEN EXISTS (SELECT 1 FROM {table} WHERE org_id = $1 AND {column} = $2 "
+                     f"AND {exists_where})" for t, (table, column) in _RESOURCE_TABLES.items())
+    return f"CASE {type_param}\n{arms}\n    ELSE false END"
+
+
 # Whether `$2` is a resource of type `$3` the scope whose visible paths are `$4` may share.
-_SHAREABLE = """
-SELECT CASE $3::text
-    WHEN 'chunk' THEN EXISTS (
-        SELECT 1 FROM chunks WHERE org_id = $1 AND chunk_id = $2 AND scope_path = ANY($4::text[]))
-    WHEN 'snapshot' THEN EXISTS (
-        SELECT 1 FROM snapshots WHERE org_id = $1 AND snapshot_id = $2 AND scope_path = ANY($4::text[]))
-    WHEN 'layer' THEN EXISTS (
-        SELECT 1 FROM guardrail_layers WHERE org_id = $1 AND event_id = $2 AND scope_path = ANY($4::text[]))
-    ELSE false END
-"""
+_SHAREABLE = f"SELECT {_by_type('$3::text', 'scope_path = ANY($4::text[])')}"
 
 
 async def shareable(conn: asyncpg.Connection, org_id: str, resource_type: str, resource_id: str,
@@ -149,11 +153,6 @@ async def listed_grants(conn: asyncpg.Connection, org_id: str, viewer: Visibilit
     return [_grant(r) for r in rows], int(total)
 
 
-# Each resource type's table and id column: where a grant's resource and its owner are.
-_RESOURCE_TABLES = {"chunk": ("chunks", "chunk_id"), "snapshot": ("snapshots", "snapshot_id"),
-                    "layer": ("guardrail_layers", "event_id")}
-
-
 def held_sql(resource_type: str, *, org: str, paths: str, permission: str, resource_filter: str = "true",
              columns: str = "") -> str:
     """A subquery of the resources of `resource_type` shared with the viewer whose visible paths
@@ -190,16 +189,9 @@ async def held(conn: asyncpg.Connection, org_id: str, viewer: Visibility, resour
 # Why a caller that does not see resource `$2` of type `$3` (visible paths `$4`) was refused it
 # for `$5`, if the resource is another scope's: through a grant since revoked, a live grant
 # without that permission, or neither. NULL: no such resource, or one the caller owns-sees.
-_DENIAL = """
+_DENIAL = f"""
 SELECT CASE
-    WHEN NOT (CASE $3::text
-        WHEN 'chunk' THEN EXISTS (SELECT 1 FROM chunks WHERE org_id = $1 AND chunk_id = $2
-                                    AND NOT scope_path = ANY($4::text[]))
-        WHEN 'snapshot' THEN EXISTS (SELECT 1 FROM snapshots WHERE org_id = $1 AND snapshot_id = $2
-                                       AND NOT scope_path = ANY($4::text[]))
-        WHEN 'layer' THEN EXISTS (SELECT 1 FROM guardrail_layers WHERE org_id = $1 AND event_id = $2
-                                    AND NOT scope_path = ANY($4::text[]))
-        ELSE false END) THEN NULL
+    WHEN NOT ({_by_type("$3::text", "NOT scope_path = ANY($4::text[])")}) THEN NULL
     WHEN EXISTS (SELECT 1 FROM share_grants WHERE org_id = $1 AND resource_id = $2 AND resource_type = $3
                    AND grantee_path = ANY($4::text[]) AND revoked_at IS NULL) THEN 'permission_missing'
     WHEN EXISTS (SELECT 1 FROM share_grants WHERE org_id = $1 AND resource_id = $2 AND resource_type = $3
