@@ -38,7 +38,7 @@ IDEMPOTENCY_HEADER = "idempotency-key"
 
 # Where each RPC not built yet is built: the issue that brings it.
 PENDING: dict[str, str] = {
-    "Compact": "a later issue (compaction worker)",
+    "Compact": "issue #22 (compaction: docs/compaction.md says what is built)",
 }
 
 
