@@ -121,3 +121,45 @@ class CompactionThreshold(EventBody):
             (int(p["token_count"]), int(p["token_budget"])) if crossed
             else (p.get("token_count", 0), p.get("token_budget", 0)))
         return cls(p["session_id"], crossed, *counts)
+
+
+@event_type
+@dataclass(frozen=True, slots=True)
+class SessionCompacted(EventBody):
+    """An older prefix of the session's active turns (`replaced`, event ids, all written at the
+    session's owner scope) is replaced by one summary turn, while the session is at
+    `base_version` (the projector refuses it otherwise: STALE). The replaced turns stay in the log
+    and in the audit view; a rollback to a version before this one brings them back."""
+
+    TYPE = "session.compacted"
+    SCHEMA_VERSION = 1
+
+    session_id: str
+    base_version: str
+    replaced: tuple[str, ...]
+    summary_b64: str  # standard base64 of the summary's UTF-8 text
+    strategy: str
+    summarizer: str
+    fact_retention_score: float
+    original_tokens: int
+    compacted_tokens: int
+
+    @property
+    def summary(self) -> bytes:
+        return carried_content(self.summary_b64)
+
+    def to_payload(self) -> Payload:
+        return {"session_id": self.session_id, "base_version": self.base_version, "replaced": list(self.replaced),
+                "summary_b64": self.summary_b64, "strategy": self.strategy, "summarizer": self.summarizer,
+                "fact_retention_score": self.fact_retention_score, "original_tokens": self.original_tokens,
+                "compacted_tokens": self.compacted_tokens}
+
+    @classmethod
+    def from_payload(cls, p: Payload) -> SessionCompacted:
+        replaced = p["replaced"]
+        if not isinstance(replaced, list) or not all(isinstance(r, str) for r in replaced):
+            raise ValueError("payload.replaced must be a list of event ids")
+        return cls(session_id=p["session_id"], base_version=p["base_version"], replaced=tuple(replaced),
+                   summary_b64=p["summary_b64"], strategy=str(p["strategy"]), summarizer=str(p["summarizer"]),
+                   fact_retention_score=float(p["fact_retention_score"]),
+                   original_tokens=int(p["original_tokens"]), compacted_tokens=int(p["compacted_tokens"]))

@@ -23,6 +23,7 @@ class Outcome(enum.StrEnum):
     IGNORED = "IGNORED"  # archived; another projector's event, or nothing to do
     OUT_OF_SCOPE = "OUT_OF_SCOPE"
     IDEMPOTENCY_KEY_TAKEN = "IDEMPOTENCY_KEY_TAKEN"
+    STALE = "STALE"  # a compaction of a version the session has since left (another write came first)
     REJECTED = "REJECTED"  # set aside: not archived, nothing applied (rejected_events)
     # A guardrail layer refused by its projection (projections/guardrail_projection.py): neither
     # archived nor applied.

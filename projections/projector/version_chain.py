@@ -87,16 +87,17 @@ class VersionChain:
             self._versions[(session_id, v0)] = (session_id, v0, 0, 0, ev.event_id, ev.occurred)
         return s
 
-    def append(self, s: SessionState, ev: Event, kind: str) -> tuple[int, str]:
-        """A new item (`kind` 'event' or 'memory') on the session's chain: its (seq, version)."""
+    def append(self, s: SessionState, ev: Event, kind: str, *, replacing: int = 0) -> tuple[int, str]:
+        """A new item (`kind` 'event' or 'memory') on the session's chain: its (seq, version).
+        `replacing`: how many active items it replaces (a compaction's summary)."""
         seq = s.max_seq + 1
         version = next_version(s.version, ev.content_hash)
+        active = s.active_count + 1 - replacing
         self._items.append((s.session_id, seq, ev.event_id, kind, ev.content_hash, s.seq, version, ev.occurred))
-        self._versions[(s.session_id, version)] = (
-            s.session_id, version, seq, s.active_count + 1, ev.event_id, ev.occurred)
+        self._versions[(s.session_id, version)] = (s.session_id, version, seq, active, ev.event_id, ev.occurred)
         s.version, s.seq, s.max_seq = version, seq, seq
         s.item_count += 1
-        s.active_count += 1
+        s.active_count = active
         s.updated_at, s.last_event_id, s.dirty = ev.occurred, ev.event_id, True
         return seq, version
 

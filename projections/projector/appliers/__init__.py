@@ -14,6 +14,7 @@ from context_engine.events import (
     GUARDRAIL_PUBLISHED,
     MEMORY_PUSHED,
     MEMORY_SCRUBBED,
+    SESSION_COMPACTED,
     SESSION_ROLLED_BACK,
     SHARE_CREATED,
     SHARE_REVOKED,
@@ -23,7 +24,7 @@ from context_engine.events import (
 from projections.records import LogRecord
 
 from ..outcome import Applied
-from . import compaction, embedding, guardrail, ingested, memory, rollback, share, snapshot
+from . import compacted, compaction, embedding, guardrail, ingested, memory, rollback, share, snapshot
 
 if TYPE_CHECKING:
     from ..org_applier import OrgApplier
@@ -36,6 +37,7 @@ APPLIERS: dict[str, Applier] = {
     SNAPSHOT_CREATED: snapshot.apply,
     SESSION_ROLLED_BACK: rollback.apply,
     COMPACTION_THRESHOLD: compaction.apply,
+    SESSION_COMPACTED: compacted.apply,
     GUARDRAIL_PUBLISHED: guardrail.apply,
     MEMORY_SCRUBBED: memory.apply_scrubbed,
     EMBEDDING_RECORDED: embedding.apply,
@@ -44,4 +46,4 @@ APPLIERS: dict[str, Applier] = {
 }
 
 # The types whose session has an owner scope: an event from outside it changes nothing (OUT_OF_SCOPE).
-SESSION_TYPES = frozenset({EVENT_INGESTED, MEMORY_PUSHED, SNAPSHOT_CREATED, SESSION_ROLLED_BACK})
+SESSION_TYPES = frozenset({EVENT_INGESTED, MEMORY_PUSHED, SNAPSHOT_CREATED, SESSION_ROLLED_BACK, SESSION_COMPACTED})

@@ -4,7 +4,8 @@ If the session has had target_version: the items on its chain back to genesis be
 ones; items leaving the state get active=false and rolled_back_by = this event (also in
 session_events / memory_versions); the session's version and seq become the target's. For a
 target on the current chain this is "every item after the target becomes inactive"; for a
-target that was itself rolled back earlier, its items become active again. Unknown target:
+target that was itself rolled back earlier, its items become active again; items a compaction on
+the target's chain replaced stay inactive, and those of a compaction after it come back. Unknown target:
 nothing changes (UNKNOWN_TARGET). A rollback changes what every scope in the session sees, so
 it is applied only from the owner scope itself (visibility.may_rewrite), OUT_OF_SCOPE otherwise."""
 
@@ -51,15 +52,19 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     return applied(rec, ev, Outcome.APPLIED, sid, s.seq, s.version)
 
 
-# The state of version V = the items on V's chain back to genesis (prev_seq links); everything
-# else of the session is inactive. Only rows whose flag changes are touched.
+# The state of version V = the items on V's chain back to genesis (prev_seq links) but those a
+# compaction on that chain replaced; everything else of the session is inactive. Only rows whose
+# flag changes are touched.
 _ROLLBACK = """
 WITH RECURSIVE path AS (
-    SELECT seq, prev_seq FROM session_items WHERE org_id = $1 AND session_id = $2 AND seq = $3
+    SELECT seq, prev_seq, replaces FROM session_items WHERE org_id = $1 AND session_id = $2 AND seq = $3
     UNION ALL
-    SELECT i.seq, i.prev_seq FROM session_items i JOIN path p ON i.seq = p.prev_seq
+    SELECT i.seq, i.prev_seq, i.replaces FROM session_items i JOIN path p ON i.seq = p.prev_seq
     WHERE i.org_id = $1 AND i.session_id = $2
-), keep AS (SELECT array_agg(seq) AS seqs FROM path)
+), keep AS (
+    SELECT array_agg(p.seq) AS seqs FROM path p
+    WHERE NOT EXISTS (SELECT 1 FROM path q WHERE p.seq = ANY(q.replaces))
+)
 UPDATE session_items s
 SET active = s.seq = ANY(coalesce(keep.seqs, '{}')),
     rolled_back_by = CASE WHEN s.seq = ANY(coalesce(keep.seqs, '{}')) THEN NULL ELSE $4::uuid END
