@@ -13,6 +13,8 @@ from context_engine.config import Settings
 from context_engine.events import Event, SessionRef
 from inference.embedder import Embedder
 from inference.query_vectors import QueryVectors
+from inference.summarizers import Summarizer
+from inference.summarizers.extractive import ExtractiveSummarizer
 from streams.acknowledgement import ArchiveWatch, append_and_wait
 from streams.audit import AuditTrail, RecordedAudit
 from streams.freshness import SessionFreshness
@@ -31,6 +33,7 @@ class Deps:
     query_vectors: QueryVectors
     write_budget: WriteBudget = field(default_factory=lambda: WriteBudget(0, 1))  # none unless given
     audit: AuditTrail = field(default_factory=RecordedAudit)
+    summarizer: Summarizer = field(default_factory=ExtractiveSummarizer)  # Compact's
 
     async def append(self, event: Event, session: SessionRef | None, *, idempotency_key: str = "") -> str | None:
         """Append and return once the event is archived and projected (streams/acknowledgement.py):

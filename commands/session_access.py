@@ -31,15 +31,15 @@ def require_readable(session, caller: Scope, session_id: str):
 
 
 def require_rewritable(session, caller: Scope, session_id: str):
-    """A rewrite (rollback) of a session by any scope but its owner's is refused. Existence is no
-    secret here: writes from a sibling are refused as SESSION_OUT_OF_SCOPE already."""
+    """A rewrite (rollback, compaction) of a session by any scope but its owner's is refused.
+    Existence is no secret here: writes from a sibling are refused as SESSION_OUT_OF_SCOPE already."""
     if session is None:
         raise NotFound(f"session {session_id!r} not found", reason="SESSION_NOT_FOUND",
                        metadata={"field": "session_id"})
     if not may_rewrite(owner_scope(session), caller):
         raise PermissionDenied(
             f"session {session_id!r} is not owned by scope {caller.path!r}: only the session's owner scope may "
-            "roll it back (a rollback changes what every scope in the session sees)",
+            "roll it back or compact it (either changes what every scope in the session sees)",
             reason="NOT_SESSION_OWNER", metadata={"field": "session_id"})
     return session
 

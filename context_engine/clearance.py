@@ -13,6 +13,7 @@ MIN_CLEARANCE, MAX_CLEARANCE = 1, 4
 class Action(enum.Enum):
     CREATE_SNAPSHOT = ("create a snapshot", 2)
     ROLLBACK = ("roll back a session", 3)
+    COMPACT = ("compact a session", 3)
     CREATE_SHARE = ("create a share", 3)
     CREATE_CROSS_PILLAR_SHARE = ("create a cross-pillar share", 4)
     REVOKE_SHARE = ("revoke a share", 3)

@@ -178,6 +178,8 @@ class Settings(BaseSettings):
     # Compaction's summarizer (docs/compaction.md): "extractive" (offline, no model) or
     # "chat_completions" (an OpenAI-compatible /chat/completions at compaction_llm_url).
     compaction_summarizer: Literal["extractive", "chat_completions"] = "extractive"
+    # sliding_window keeps this many of the session's most recent turns verbatim.
+    compaction_keep_recent_turns: int = Field(default=10, ge=1, le=100_000)
     compaction_llm_url: str | None = None
     compaction_llm_model: str = "gemini-2.5-flash-lite"
     compaction_llm_api_key: SecretStr | None = None

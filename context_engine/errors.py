@@ -74,6 +74,12 @@ class FailedPrecondition(DomainError):
     reason = "FAILED_PRECONDITION"
 
 
+class Aborted(DomainError):
+    """A write lost a race (another write to the same state came first); retrying may succeed."""
+
+    reason = "ABORTED"
+
+
 class ResourceExhausted(DomainError):
     reason = "RESOURCE_EXHAUSTED"
 

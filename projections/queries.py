@@ -337,3 +337,22 @@ async def applied_event_ids(conn: asyncpg.Connection, org_id: str, event_ids: It
     rows = await conn.fetch("SELECT event_id FROM event_archive WHERE org_id = $1 AND event_id = ANY($2::uuid[])",
                             org_id, ids)
     return {str(r["event_id"]) for r in rows}
+
+
+@dataclass(frozen=True)
+class OwnerTurn:
+    """An active turn of a session written at its owner scope: what Compact may replace."""
+
+    event_id: str
+    content: bytes
+    role: str
+    token_count: int
+
+
+async def owner_turns(conn: asyncpg.Connection, org_id: str, session_id: str, owner_path: str) -> list[OwnerTurn]:
+    """The session's active turns written at `owner_path`, in conversation order."""
+    rows = await conn.fetch(
+        "SELECT event_id, content, metadata ->> 'role' AS role, token_count FROM session_events "
+        "WHERE org_id = $1 AND session_id = $2 AND active AND scope_path = $3 ORDER BY seq, occurred_at",
+        org_id, session_id, owner_path)
+    return [OwnerTurn(str(r["event_id"]), bytes(r["content"]), r["role"] or "", r["token_count"]) for r in rows]

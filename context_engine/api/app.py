@@ -23,6 +23,7 @@ from context_engine.serving.server import HostedServer, ServiceBinding, build_se
 from inference.coalescing_embedder import CoalescingEmbedder
 from inference.embedder import embedder_from_settings
 from inference.query_vectors import QueryVectors
+from inference.summarizers import summarizer_from_settings
 from projections.database import create_pool
 from projections.migrate import APP_ROLE, app_url
 from streams import readiness
@@ -86,7 +87,8 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
         audit.start()
         yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool,
                    SessionOwners(pool), embedder, QueryVectors(embedder, settings.query_vectors_remembered),
-                   WriteBudget.from_settings(settings), audit=audit)
+                   WriteBudget.from_settings(settings), audit=audit,
+                   summarizer=summarizer_from_settings(settings))
     finally:
         await audit.stop()  # before the log: what is pending is published first, for a few seconds at most
         await embedder.aclose()

@@ -11,6 +11,7 @@ import datetime as dt
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from commands.assemble_context import AssembleContext, assemble_context
+from commands.compact import Compact, compact
 from commands.create_share import CreateShare, create_share
 from commands.create_snapshot import CreateSnapshot, create_snapshot
 from commands.deps import Deps
@@ -37,9 +38,7 @@ from upsquad.context.v1 import context_pb2_grpc
 IDEMPOTENCY_HEADER = "idempotency-key"
 
 # Where each RPC not built yet is built: the issue that brings it.
-PENDING: dict[str, str] = {
-    "Compact": "issue #22 (compaction: docs/compaction.md says what is built)",
-}
+PENDING: dict[str, str] = {}
 
 
 def _idempotency_key(context) -> str:
@@ -108,6 +107,13 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
             session_id=request.session_id, target_version_hash=request.target_version_hash))
         return pb.RollbackContextResponse(restored_version_hash=result.restored_version_hash,
                                           rolled_back_at=timestamp(result.rolled_back_at))
+
+    async def Compact(self, request: pb.CompactRequest, context) -> pb.CompactResponse:
+        result = await compact(self.deps, current_principal(), Compact(session_id=request.session_id,
+                                                                       strategy=request.strategy))
+        return pb.CompactResponse(version_hash=result.version_hash, original_tokens=result.original_tokens,
+                                  compacted_tokens=result.compacted_tokens,
+                                  fact_retention_score=result.fact_retention_score)
 
     async def CreateShare(self, request: pb.CreateShareRequest, context) -> pb.CreateShareResponse:
         result = await create_share(self.deps, current_principal(), CreateShare(

@@ -22,6 +22,7 @@ _CODES: list[tuple[type[errors.DomainError], grpc.StatusCode]] = [
     (errors.NotFound, grpc.StatusCode.NOT_FOUND),
     (errors.AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.Aborted, grpc.StatusCode.ABORTED),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.Unimplemented, grpc.StatusCode.UNIMPLEMENTED),

@@ -13,7 +13,7 @@ from inference.openai_http import RetryPolicy
 from inference.summarizers import SummarizerError, Turn
 from inference.summarizers.chat_completions import ChatCompletionsSummarizer
 from inference.summarizers.extractive import ExtractiveSummarizer, sentences, summarize
-from tests.fixtures.json_server import ScriptedJSONServer
+from tests.fixtures.json_server import FakeChatServer
 
 DIALOGUE = [
     Turn("user", "Hey Mel! Good to see you. I went to the LGBTQ support group on 7 May 2023."),
@@ -84,17 +84,6 @@ async def test_the_extractive_backend_is_a_summarizer() -> None:
     backend = ExtractiveSummarizer()
     assert backend.name == "extractive"
     assert await backend.summarize(DIALOGUE) == summarize(DIALOGUE)
-
-
-class FakeChatServer(ScriptedJSONServer):
-    """An OpenAI-compatible /chat/completions that answers with `answer`."""
-
-    answer = "user: I went to the LGBTQ support group on 7 May 2023."
-
-    def respond(self, body: dict) -> dict:
-        return {"id": "c1", "object": "chat.completion", "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer},
-                             "finish_reason": "stop"}]}
 
 
 @pytest.fixture
