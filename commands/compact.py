@@ -11,6 +11,7 @@ concurrent Compacts one wins and the other is ABORTED (SESSION_CHANGED), nothing
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from dataclasses import dataclass
 
@@ -69,7 +70,13 @@ async def compact(deps: Deps, principal: Principal, command: Compact) -> Compact
         summary = await deps.summarizer.summarize([Turn(t.role, text) for t, text in zip(older, texts)])
     except SummarizerError as exc:
         raise Unavailable(f"the summarizer failed: {exc}", reason="SUMMARIZER_UNAVAILABLE") from exc
-    score = retention(texts, summary)
+    score = await asyncio.to_thread(retention, texts, summary)  # CPU over every older turn: off the event loop
+    size, limit = len(summary.encode()), deps.settings.max_content_bytes
+    if size > limit:
+        raise FailedPrecondition(
+            f"the summary of {len(older)} turns is {size} bytes, over the {limit} a turn may hold "
+            "(MAX_CONTENT_BYTES); nothing changed", reason="SUMMARY_TOO_LARGE",
+            metadata={"summary_bytes": str(size), "max_content_bytes": str(limit)})
     if score.score < RETENTION_FLOOR:
         missing = ", ".join(f"{f.kind} {f.value!r}" for f in score.missing[:20])
         raise FailedPrecondition(

@@ -13,6 +13,7 @@ sentences that hold it, else its whole turn.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Sequence
 
@@ -33,7 +34,9 @@ class ExtractiveSummarizer:
     name = "extractive"
 
     async def summarize(self, turns: Sequence[Turn]) -> str:
-        return summarize(turns)
+        # Pure Python over every older turn (~0.3 s for 600): on a thread, so that the event loop
+        # keeps serving other calls meanwhile.
+        return await asyncio.to_thread(summarize, turns)
 
 
 def summarize(turns: Sequence[Turn]) -> str:

@@ -81,17 +81,13 @@ async def test_compact_replaces_the_older_turns_with_a_summary_that_is_searched_
 async def test_a_summary_missing_one_number_is_rejected_and_nothing_changes(engine):
     org, sid, lead = await long_session(engine)
     version, events = await session_version(engine, org, sid), await archived_count(engine, org)
-    with FakeChatServer() as llm:
+
+    def lossy(llm):
         llm.answer = ("user: my order INV-2041 of 3 lamps ships to Lisbon on 7 May 2023\n"
                       "assistant: the invoice total is dollars")  # 40 is gone
-        default, engine.deps.summarizer = engine.deps.summarizer, ChatCompletionsSummarizer(
-            base_url=llm.base_url, model="gemini-2.5-flash-lite", retry=RetryPolicy(1))
-        try:
-            err = await expect_error(grpc.StatusCode.FAILED_PRECONDITION, lead(
-                "Compact", pb.CompactRequest(session_id=sid, strategy="sliding_window")),
-                reason="QUALITY_GUARDRAIL_TRIGGERED")
-        finally:
-            engine.deps.summarizer = default
+
+    err = await expect_error(grpc.StatusCode.FAILED_PRECONDITION, compact_with_llm(engine, lead, sid, lossy),
+                             reason="QUALITY_GUARDRAIL_TRIGGERED")
     details = error_info(err).metadata
     assert float(details["fact_retention_score"]) < RETENTION_FLOOR and "'40'" in details["missing"]
     assert await session_version(engine, org, sid) == version and await archived_count(engine, org) == events
@@ -164,3 +160,34 @@ async def test_a_strategy_other_than_sliding_window_is_invalid(engine, strategy)
     lead = engine.caller(org, "sales", "emea", clearance=3)
     await expect_error(grpc.StatusCode.INVALID_ARGUMENT, lead("Compact", pb.CompactRequest(
         session_id=sid, strategy=strategy)), reason="UNSUPPORTED_STRATEGY")
+
+
+async def compact_with_llm(engine, lead, sid, configure):
+    """Compact with an LLM summarizer served by a local fake (configure(server) sets its answer)."""
+    with FakeChatServer() as llm:
+        configure(llm)
+        default, engine.deps.summarizer = engine.deps.summarizer, ChatCompletionsSummarizer(
+            base_url=llm.base_url, model="gemini-2.5-flash-lite", retry=RetryPolicy(1))
+        try:
+            return await lead("Compact", pb.CompactRequest(session_id=sid, strategy="sliding_window"))
+        finally:
+            engine.deps.summarizer = default
+
+
+async def test_a_summary_over_the_content_limit_or_a_failing_summarizer_writes_nothing(engine):
+    org, sid, lead = await long_session(engine)
+    version, events = await session_version(engine, org, sid), await archived_count(engine, org)
+    huge = "user: " + "INV-2041 3 lamps Lisbon 7 May 2023 40 dollars " * (engine.settings.max_content_bytes // 40)
+
+    def oversized(llm):
+        llm.answer = huge
+
+    def failing(llm):
+        llm.script = [(500, {"error": {"message": "overloaded"}}, {})]
+
+    err = await expect_error(grpc.StatusCode.FAILED_PRECONDITION, compact_with_llm(engine, lead, sid, oversized),
+                             reason="SUMMARY_TOO_LARGE")
+    assert int(error_info(err).metadata["summary_bytes"]) > engine.settings.max_content_bytes
+    await expect_error(grpc.StatusCode.UNAVAILABLE, compact_with_llm(engine, lead, sid, failing),
+                       reason="SUMMARIZER_UNAVAILABLE")
+    assert await session_version(engine, org, sid) == version and await archived_count(engine, org) == events
