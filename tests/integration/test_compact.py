@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import asyncpg
 import grpc
 import pytest
 
@@ -16,6 +15,7 @@ from tests.fixtures.engine import unique
 from tests.fixtures.json_server import FakeChatServer
 from tests.fixtures.settling import settled
 from tests.integration.test_session_write_path import archived_count, expect_error, session_version
+from tests.integration.test_shares import admin_fetch as fetch
 from upsquad.context.v1 import context_pb2 as pb
 
 KEEP = 10  # the deployment's COMPACTION_KEEP_RECENT_TURNS (the default)
@@ -24,14 +24,6 @@ OLDER = [b"user: hi there!", b"assistant: hello, how can I help?",
          b"assistant: noted: INV-2041, 3 lamps, Lisbon, 7 May 2023", b"user: thanks!",
          b"assistant: the invoice total is 40 dollars"]
 RECENT = [f"user: question {i} about the garden".encode() for i in range(KEEP)]
-
-
-async def fetch(engine, sql: str, *args):
-    conn = await asyncpg.connect(engine.settings.database_url)
-    try:
-        return await conn.fetch(sql, *args)
-    finally:
-        await conn.close()
 
 
 async def long_session(engine):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import uuid
 
-import asyncpg
 import pytest
 
 from context_engine import hashing
@@ -22,20 +21,13 @@ from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
 from tests.fixtures.settling import settled
 from tests.integration.test_replay_verify import log_of
+from tests.integration.test_shares import admin_fetch as fetch
 from upsquad.context.v1 import context_pb2 as pb
 
 TURNS = [b"user: my order INV-2041 ships to Lisbon on 7 May 2023", b"assistant: noted, Lisbon on 7 May",
          b"user: thanks!", b"assistant: you are welcome", b"user: what about the invoice?",
          b"assistant: the invoice total is 40 dollars"]
 SUMMARY = b"user: order INV-2041 ships to Lisbon on 7 May 2023 (summary of 4 turns)"
-
-
-async def fetch(engine, sql: str, *args):
-    conn = await asyncpg.connect(engine.settings.database_url)
-    try:
-        return await conn.fetch(sql, *args)
-    finally:
-        await conn.close()
 
 
 async def session_with_turns(engine):
@@ -89,7 +81,7 @@ async def test_a_compaction_replaces_the_older_turns_with_its_summary(engine):
     assert prompt.count(SUMMARY.decode()) == 1 and "you are welcome" not in prompt
 
 
-async def test_rollback_across_a_compaction_brings_the_turns_back_and_forward_removes_them(engine):
+async def test_rollback_across_a_compaction_brings_the_turns_back_forward_removes_them_replay_agrees(engine):
     org, sid, lead, ids = await session_with_turns(engine)
     base, _ = await state(engine, org, sid)
     await compact(engine, org, sid, base, ids[:4])
@@ -98,6 +90,12 @@ async def test_rollback_across_a_compaction_brings_the_turns_back_and_forward_re
     assert await state(engine, org, sid) == (base, TURNS)
     await lead("RollbackContext", pb.RollbackContextRequest(session_id=sid, target_version_hash=compacted))
     assert await state(engine, org, sid) == (compacted, [SUMMARY, *TURNS[4:]])
+    # Replay rebuilds the same read models from the log.
+    await settled(engine.settings.database_url, org)
+    topic = LogTopics.from_settings(engine.settings).events
+    async with fresh_database(engine.settings.database_url, "ce_test_replay") as target:
+        await replay(log_of(engine.settings, topic), target)
+        assert await compare(engine.settings.database_url, target) == []
 
 
 async def test_a_stale_foreign_or_malformed_compaction_changes_nothing(engine):
@@ -125,20 +123,6 @@ async def test_a_stale_foreign_or_malformed_compaction_changes_nothing(engine):
     after, _ = await state(engine, org, sid)
     _, outcome = await compact(engine, org, sid, after, ids[1:3])
     assert outcome == Outcome.UNKNOWN_TARGET
-
-
-async def test_replay_and_verify_reproduce_a_compaction_and_a_rollback_across_it(engine):
-    org, sid, lead, ids = await session_with_turns(engine)
-    base, _ = await state(engine, org, sid)
-    await compact(engine, org, sid, base, ids[:3])
-    compacted, _ = await state(engine, org, sid)
-    await lead("RollbackContext", pb.RollbackContextRequest(session_id=sid, target_version_hash=base))
-    await lead("RollbackContext", pb.RollbackContextRequest(session_id=sid, target_version_hash=compacted))
-    await settled(engine.settings.database_url, org)
-    topic = LogTopics.from_settings(engine.settings).events
-    async with fresh_database(engine.settings.database_url, "ce_test_replay") as target:
-        await replay(log_of(engine.settings, topic), target)
-        assert await compare(engine.settings.database_url, target) == []
 
 
 @pytest.mark.parametrize("payload", [{"replaced": "not a list"}, {"replaced": [1, 2]}, {"fact_retention_score": "x"}])
