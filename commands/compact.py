@@ -70,13 +70,13 @@ async def compact(deps: Deps, principal: Principal, command: Compact) -> Compact
         summary = await deps.summarizer.summarize([Turn(t.role, text) for t, text in zip(older, texts)])
     except SummarizerError as exc:
         raise Unavailable(f"the summarizer failed: {exc}", reason="SUMMARIZER_UNAVAILABLE") from exc
-    score = await asyncio.to_thread(retention, texts, summary)  # CPU over every older turn: off the event loop
-    size, limit = len(summary.encode()), deps.settings.max_content_bytes
-    if size > limit:
+    encoded, limit = summary.encode(), deps.settings.max_content_bytes
+    if len(encoded) > limit:
         raise FailedPrecondition(
-            f"the summary of {len(older)} turns is {size} bytes, over the {limit} a turn may hold "
+            f"the summary of {len(older)} turns is {len(encoded)} bytes, over the {limit} a turn may hold "
             "(MAX_CONTENT_BYTES); nothing changed", reason="SUMMARY_TOO_LARGE",
-            metadata={"summary_bytes": str(size), "max_content_bytes": str(limit)})
+            metadata={"summary_bytes": str(len(encoded)), "max_content_bytes": str(limit)})
+    score = await asyncio.to_thread(retention, texts, summary)  # CPU over every older turn: off the event loop
     if score.score < RETENTION_FLOOR:
         missing = ", ".join(f"{f.kind} {f.value!r}" for f in score.missing[:20])
         raise FailedPrecondition(
@@ -88,7 +88,7 @@ async def compact(deps: Deps, principal: Principal, command: Compact) -> Compact
     original = sum(t.token_count for t in older)
     compacted = count_tokens(summary, TOKEN_MODEL)
     body = SessionCompacted(command.session_id, base, tuple(t.event_id for t in older),
-                            base64.b64encode(summary.encode()).decode(), command.strategy, deps.summarizer.name,
+                            base64.b64encode(encoded).decode(), command.strategy, deps.summarizer.name,
                             score.score, original, compacted)
     ref = SessionRef(org, command.session_id)
     event = Event.of(body, scope=principal.scope, actor=principal.subject, aggregate=ref.aggregate)

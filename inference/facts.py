@@ -87,7 +87,9 @@ yep yup nope omg aww ooh ah hmm glad congrats congratulations love wish hope gue
 """.split())
 
 _URL = re.compile(r"(?:https?://|www\.)[^\s<>\"'`]+", re.IGNORECASE)
-_EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
+# Starts only where a run of address characters starts: at every boundary inside "a-a-a-..." the
+# scan for an "@" went to the end of the run (quadratic).
+_EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _ISO_DATE = re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b")
 _MONTH = r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|" \
          r"oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?"
@@ -98,7 +100,10 @@ _MONTH_DAY_YEAR = re.compile(rf"\b{_MONTH}\s+{_DAY}\b(?:,?\s+{_YEAR}\b)?", re.IG
 _MONTH_YEAR = re.compile(rf"\b{_MONTH}\s+{_YEAR}\b", re.IGNORECASE)
 _TIME = re.compile(r"\b(\d{1,2}):(\d{2})\s*(am|pm|a\.m\.|p\.m\.)?(?![\d:])|\b(\d{1,2})\s*(am|pm|a\.m\.|p\.m\.)(?!\w)",
                    re.IGNORECASE)
-_ID = re.compile(r"\b(?=[\w-]*[a-z])(?=[\w-]*\d)[a-z0-9]+(?:[-_][a-z0-9]+)*\b", re.IGNORECASE)
+# A token of letters and digits, maybe joined by - or _; an id when it has both (checked after the
+# match: lookaheads at every boundary of "a-a-a-..." made the scan quadratic).
+_TOKEN = re.compile(r"\b[a-z0-9]+(?:[-_][a-z0-9]+)*\b", re.IGNORECASE)
+_LETTER, _DIGIT = re.compile(r"[a-z]", re.IGNORECASE), re.compile(r"\d")
 _NUMBER_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)(st|nd|rd|th|k|" + "|".join(
     re.escape(u) for u in sorted(_UNITS, key=len, reverse=True) if u.isalpha() or u == "%") + ")", re.IGNORECASE)
 _CURRENCY = re.compile(r"([$€£])\s?(\d[\d,]*(?:\.\d+)?)")
@@ -135,7 +140,7 @@ def extract(text: str) -> set[Fact]:
             facts.add(Fact("url", _url(m.group(0))))
     for m in _EMAIL.finditer(text):
         if take(m):
-            facts.add(Fact("email", m.group(0).casefold()))
+            facts.add(Fact("email", m.group(0).lstrip(".+-").casefold()))
     for pattern, canonical in ((_ISO_DATE, _iso), (_DAY_MONTH_YEAR, _day_month), (_MONTH_DAY_YEAR, _month_day),
                                (_MONTH_YEAR, _month_year)):
         for m in pattern.finditer(text):
@@ -144,8 +149,8 @@ def extract(text: str) -> set[Fact]:
     for m in _TIME.finditer(text):
         if (value := _time(m)) and take(m):
             facts.add(Fact("time", value))
-    for m in _ID.finditer(text):
-        if take(m):
+    for m in _TOKEN.finditer(text):
+        if _LETTER.search(m.group(0)) and _DIGIT.search(m.group(0)) and take(m):
             if suffixed := _NUMBER_SUFFIXED.fullmatch(m.group(0)):  # "5km", "2nd": not an id
                 unit = suffixed.group(2).casefold()
                 number(_decimal(suffixed.group(1)), unit if unit in _UNITS else None)
@@ -270,6 +275,13 @@ def _words_value(text: str) -> str | None:
     return str(total + current) if seen else None
 
 
+def _before_openers(text: str, at: int) -> int:
+    """Where the quotes, brackets and spaces just before `at` begin."""
+    while at > 0 and text[at - 1] in " \t\"'“‘([":
+        at -= 1
+    return at
+
+
 def _names(text: str, claimed: bytearray) -> set[str]:
     """Runs of capitalised words outside claimed spans, case-folded. Not a name: an ordinary
     word (ORDINARY_WORDS), a month or weekday, a single letter, and a sentence's first word when
@@ -282,7 +294,7 @@ def _names(text: str, claimed: bytearray) -> set[str]:
     for m in _WORD.finditer(text):
         word = re.split(r"['’]", m.group(0).rstrip(".-"), maxsplit=1)[0]  # "I'm" -> "I", "Mel's" -> "Mel"
         folded = word.casefold()
-        at_start = text[:m.start()].rstrip(" \t\"'“‘([").__len__() in starts or m.start() in starts
+        at_start = m.start() in starts or _before_openers(text, m.start()) in starts
         is_name = (len(word) > 1 and word[0].isupper() and not any(claimed[m.start():m.end()])
                    and folded not in ORDINARY_WORDS and folded not in MONTHS and folded not in WEEKDAYS
                    and not (at_start and folded in lower))

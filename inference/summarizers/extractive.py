@@ -53,8 +53,11 @@ def summarize(turns: Sequence[Turn]) -> str:
                 covered |= facts
                 said |= terms
     draft = _render(turns, split, keep)
-    for fact in retention([t.content for t in turns], draft).missing:
-        _keep_first_holding(fact, turns, split, keep)
+    missing = retention([t.content for t in turns], draft).missing
+    if missing:
+        turn_facts = [extract(t.content) for t in turns]  # once, for every missing fact
+        for fact in missing:
+            _keep_first_holding(fact, turn_facts, split, keep)
     return _render(turns, split, keep)
 
 
@@ -62,9 +65,11 @@ def _terms(sentence: str) -> set[str]:
     return {t for t in analyze(sentence) if len(t) > 2 and t not in ORDINARY_WORDS and not t.isdigit()}
 
 
-def _keep_first_holding(fact: Fact, turns: Sequence[Turn], split: list[list[str]], keep: list[list[bool]]) -> None:
+def _keep_first_holding(fact: Fact, turn_facts: list[set[Fact]], split: list[list[str]],
+                        keep: list[list[bool]]) -> None:
+    """Keep, in the first turn that has `fact`, the sentences that hold it, else all its sentences."""
     for i, turn_sentences in enumerate(split):
-        if fact in extract(turns[i].content):
+        if fact in turn_facts[i]:
             holding = [j for j, s in enumerate(turn_sentences) if fact in extract(s)]
             for j in holding or range(len(turn_sentences)):
                 keep[i][j] = True

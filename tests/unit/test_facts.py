@@ -89,8 +89,11 @@ def test_months_and_weekdays_are_not_names() -> None:
 
 
 @pytest.mark.parametrize("text", ["", " ", "\x00\x01\x02", "\u202e\u200b", "😀" * 1000, "a" * 100_000,
-                                  "1" * 10_000, '"' * 5000, "May " * 5000, "http://" * 2000])
+                                  "1" * 10_000, '"' * 5000, "May " * 5000, "http://" * 2000,
+                                  "a-" * 100_000, "Word more. " * 50_000, "a@" * 100_000])
 def test_hostile_text_gives_a_set_of_facts(text: str) -> None:
+    """Among them the inputs that once took quadratic time ("a-a-a-...": every boundary scanned
+    to the end of the run for an email's "@"; every word copied the text before it)."""
     facts = extract(text)
     assert isinstance(facts, set) and all(isinstance(f, Fact) for f in facts)
 
