@@ -29,6 +29,13 @@ _STATEMENTS = {
                     "resource_type || ' ' || resource_id || ' to ' || grantee_path || ' ' "
                     "|| array_to_string(permissions, ',') "
                     "|| coalesce(' revoked by ' || revoked_event_id, '') AS value FROM share_grants"),
+    "compaction": ("SELECT org_id || ' compaction ' || event_id AS key, event_id::text AS event, "
+                   "session_id || ' replaced ' || replaced_turns || ' turns, ' || original_tokens || ' -> ' "
+                   "|| compacted_tokens || ' tokens' AS value FROM compactions"),
+    # Requests, by the event that opened them: open, or closed by which event and why.
+    "compaction request": ("SELECT org_id || ' compaction request ' || opened_by AS key, opened_by::text AS event, "
+                           "session_id || coalesce(' closed by ' || closed_by || ' (' || closed_reason || ')', "
+                           "' open') AS value FROM compaction_requests"),
 }
 
 # The read models verify compares, in the order it compares them.

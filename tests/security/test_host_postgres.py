@@ -507,7 +507,8 @@ async def test_every_system_policy_is_the_system_roles_only(engine) -> None:
     finally:
         await conn.close()
     assert {r["tablename"] for r in system} == {"chunks", "memory_versions", "savings_by_model", "vector_assignments",
-                                                "rejected_events", "indexing_requests"}
+                                                "rejected_events", "indexing_requests", "compaction_requests",
+                                                "compactions"}
     assert {tuple(r["roles"]) for r in system} == {(SYSTEM_ROLE,)}
     assert len(guarded) > 20 and [r["relname"] for r in guarded if not r["restricted"]] == []
     assert APP_ROLE not in members and API_GROUP_ROLE not in members and SUPERUSER in members

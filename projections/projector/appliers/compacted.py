@@ -10,7 +10,8 @@ The event is a chain item (kind 'event') whose row in session_items lists the it
 (`replaces`; the rollback's state query leaves them out of every version on its chain); its
 summary is a session_events row placed where the first replaced turn was (seq = that turn's
 position, so history reads it before the kept turns) and is chunked like a turn. The replaced
-turns become inactive, with their chunks, and stay in the log and in the audit view.
+turns become inactive, with their chunks, and stay in the log and in the audit view. The
+compaction is recorded in `compactions` and closes the session's open compaction request.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from projections.records import LogRecord
 
 from ..outcome import Applied, Outcome, applied
 from ..rows import json_text
+from .compaction import close_request
 
 if TYPE_CHECKING:
     from ..org_applier import OrgApplier
@@ -73,4 +75,11 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     await org.chunks.set_active([(i, False) for i in ids])
     await org.chunks.add(event_id=ev.event_id, source_kind="event", session_id=sid, scope_path=s.scope_path,
                          content=summary, metadata={}, created_at=ev.occurred)
+    await org.conn.execute(
+        "INSERT INTO compactions (org_id, event_id, session_id, actor, strategy, summarizer, replaced_turns, "
+        "original_tokens, compacted_tokens, fact_retention_score, occurred_at) "
+        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
+        org.org_id, ev.event_id, sid, ev.actor, body.strategy, body.summarizer, len(rows), body.original_tokens,
+        body.compacted_tokens, body.fact_retention_score, ev.occurred)
+    await close_request(org, sid, ev, "compacted")
     return applied(rec, ev, Outcome.APPLIED, sid, seq, version)

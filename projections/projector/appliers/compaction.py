@@ -1,4 +1,5 @@
-"""session.compaction_threshold: open (or close) the session's compaction request."""
+"""session.compaction_threshold: open (or close) the session's compaction request; `close_request`
+for the other events that close it (a compaction, a rollback)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,14 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
             return applied(rec, ev, Outcome.IGNORED)
         job = CompactSession(ev.scope, sid, body.token_count, body.token_budget)
         return applied(rec, ev, Outcome.APPLIED, sid, jobs=(job,))
-    closed = await org.conn.fetchval(
-        "UPDATE compaction_requests SET closed_by = $3, closed_at = $4 "
-        "WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL RETURNING opened_by",
-        org.org_id, sid, ev.event_id, ev.occurred)
+    closed = await close_request(org, sid, ev, "below_threshold")
     return applied(rec, ev, Outcome.APPLIED if closed else Outcome.IGNORED, sid)
+
+
+async def close_request(org: OrgApplier, session_id: str, ev: Event, reason: str) -> bool:
+    """Close the session's open request, if any, naming the event and why ('below_threshold',
+    'compacted', 'rolled_back'): a job still queued for it then finds nothing to do."""
+    return await org.conn.fetchval(
+        "UPDATE compaction_requests SET closed_by = $3, closed_at = $4, closed_reason = $5 "
+        "WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL RETURNING true",
+        org.org_id, session_id, ev.event_id, ev.occurred, reason) is not None

@@ -7,7 +7,8 @@ target on the current chain this is "every item after the target becomes inactiv
 target that was itself rolled back earlier, its items become active again; items a compaction on
 the target's chain replaced stay inactive, and those of a compaction after it come back. Unknown target:
 nothing changes (UNKNOWN_TARGET). A rollback changes what every scope in the session sees, so
-it is applied only from the owner scope itself (visibility.may_rewrite), OUT_OF_SCOPE otherwise."""
+it is applied only from the owner scope itself (visibility.may_rewrite), OUT_OF_SCOPE otherwise.
+It closes the session's open compaction request: the history that crossed the threshold is gone."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from projections.records import LogRecord
 
 from ..outcome import Applied, Outcome, applied
 from ..rows import columns
+from .compaction import close_request
 
 if TYPE_CHECKING:
     from ..org_applier import OrgApplier
@@ -49,6 +51,7 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
                 org.org_id, *columns(rows, 2))
     await org.chunks.set_active([(r["event_id"], r["active"]) for r in changed])
     org.chain.rolled_back(s, ev, target, row["seq"], row["depth"])
+    await close_request(org, sid, ev, "rolled_back")  # the history it measured is gone
     return applied(rec, ev, Outcome.APPLIED, sid, s.seq, s.version)
 
 
