@@ -1,5 +1,6 @@
 """Compact (clearance L3+, and only the session's owner scope: visibility.may_rewrite, as
-RollbackContext): strategy sliding_window keeps the session's most recent turns verbatim
+RollbackContext): strategy sliding_window (inference/compaction.py, which the compaction worker
+runs too) keeps the session's most recent turns verbatim
 (COMPACTION_KEEP_RECENT_TURNS) and replaces the older ones written at the owner scope with one
 summary turn (docs/compaction.md).
 
@@ -11,26 +12,19 @@ concurrent Compacts one wins and the other is ABORTED (SESSION_CHANGED), nothing
 
 from __future__ import annotations
 
-import asyncio
-import base64
 from dataclasses import dataclass
 
 from commands.deps import Deps
 from commands.session_access import refused_write, require_rewritable, visible_session
-from context_engine import clearance, validation
+from context_engine import clearance, metrics, validation
 from context_engine.auth import Principal
-from context_engine.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable
-from context_engine.events import Event, SessionCompacted, SessionRef
+from context_engine.errors import Aborted, DomainError, InvalidArgument
+from context_engine.events import Event, SessionRef
 from context_engine.hashing import next_version
-from inference.facts import RETENTION_FLOOR, retention
-from inference.summarizers import SummarizerError, Turn
-from inference.tokens import count_tokens
+from inference.compaction import STRATEGIES, plan_sliding_window
 from projections import queries
 from projections.database import org_transaction
 from projections.projector.outcome import Outcome
-
-STRATEGIES = ("sliding_window",)
-TOKEN_MODEL = "gpt-4"  # turns are counted in cl100k at ingest; the summary is counted the same way
 
 
 @dataclass(frozen=True)
@@ -58,38 +52,14 @@ async def compact(deps: Deps, principal: Principal, command: Compact) -> Compact
                                require=require_rewritable) as (conn, session):
         base = session.version
         turns = await queries.owner_turns(conn, org, command.session_id, session.scope_path)
-    keep = deps.settings.compaction_keep_recent_turns
-    older = turns[:-keep] if len(turns) > keep else []
-    if len(older) < 2:
-        raise FailedPrecondition(
-            f"session {command.session_id!r} has {len(turns)} turns at its owner scope; sliding_window keeps the "
-            f"last {keep} and needs at least 2 older ones to compact", reason="NOTHING_TO_COMPACT",
-            metadata={"turns": str(len(turns)), "keep_recent_turns": str(keep)})
-    texts = [t.content.decode("utf-8", errors="replace") for t in older]
     try:
-        summary = await deps.summarizer.summarize([Turn(t.role, text) for t, text in zip(older, texts)])
-    except SummarizerError as exc:
-        raise Unavailable(f"the summarizer failed: {exc}", reason="SUMMARIZER_UNAVAILABLE") from exc
-    encoded, limit = summary.encode(), deps.settings.max_content_bytes
-    if len(encoded) > limit:
-        raise FailedPrecondition(
-            f"the summary of {len(older)} turns is {len(encoded)} bytes, over the {limit} a turn may hold "
-            "(MAX_CONTENT_BYTES); nothing changed", reason="SUMMARY_TOO_LARGE",
-            metadata={"summary_bytes": str(len(encoded)), "max_content_bytes": str(limit)})
-    score = await asyncio.to_thread(retention, texts, summary)  # CPU over every older turn: off the event loop
-    if score.score < RETENTION_FLOOR:
-        missing = ", ".join(f"{f.kind} {f.value!r}" for f in score.missing[:20])
-        raise FailedPrecondition(
-            f"the summary keeps {score.kept} of {score.total} facts of the turns it would replace "
-            f"(fact_retention_score {score.score:.4f} < {RETENTION_FLOOR}); missing: {missing}; nothing changed",
-            reason="QUALITY_GUARDRAIL_TRIGGERED",
-            metadata={"fact_retention_score": f"{score.score:.6f}", "facts": str(score.total),
-                      "facts_kept": str(score.kept), "missing": missing})
-    original = sum(t.token_count for t in older)
-    compacted = count_tokens(summary, TOKEN_MODEL)
-    body = SessionCompacted(command.session_id, base, tuple(t.event_id for t in older),
-                            base64.b64encode(encoded).decode(), command.strategy, deps.summarizer.name,
-                            score.score, original, compacted)
+        plan = await plan_sliding_window(deps.summarizer, command.session_id, turns,
+                                         keep_recent=deps.settings.compaction_keep_recent_turns,
+                                         max_content_bytes=deps.settings.max_content_bytes)
+    except DomainError as exc:
+        metrics.COMPACTIONS.labels("rpc", exc.reason.lower()).inc()
+        raise
+    body = plan.event_body(base, command.strategy, deps.summarizer.name)
     ref = SessionRef(org, command.session_id)
     event = Event.of(body, scope=principal.scope, actor=principal.subject, aggregate=ref.aggregate)
     outcome = await deps.append(event, ref)
@@ -99,7 +69,10 @@ async def compact(deps: Deps, principal: Principal, command: Compact) -> Compact
         async with org_transaction(deps.pool, org, readonly=True) as conn:
             outcome = Outcome.APPLIED if await queries.event_by_id(conn, org, event.event_id) else Outcome.STALE
     if outcome in (Outcome.STALE, Outcome.UNKNOWN_TARGET):
+        metrics.COMPACTIONS.labels("rpc", "session_changed").inc()
         raise Aborted(f"session {command.session_id!r} changed while it was being compacted (another write or "
                       "compaction came first); nothing changed, call again to compact its new state",
                       reason="SESSION_CHANGED")
-    return Compacted(next_version(base, event.content_hash), original, compacted, score.score)
+    metrics.COMPACTIONS.labels("rpc", "compacted").inc()
+    return Compacted(next_version(base, event.content_hash), plan.original_tokens, plan.compacted_tokens,
+                     plan.score.score)

@@ -51,6 +51,15 @@ AUDIT_EVENTS_PENDING = Gauge(
     "context_engine_audit_events_pending",
     "AuditAccessEvents recorded and not yet on the audit:access stream (queued or being retried).")
 
+COMPACTIONS = Counter(
+    "context_engine_compactions",
+    "Compactions attempted (docs/compaction.md), by trigger (rpc = the Compact RPC, in the API process; job = "
+    "a CompactionJob or a request found open at start, in the worker) and outcome: compacted, "
+    "nothing_to_compact, quality_guardrail_triggered, summary_too_large, summarizer_unavailable, "
+    "session_changed (another write came first); for jobs also already_closed (compacted, rolled back or "
+    "fallen below the threshold since: a no-op), duplicate (a message_id already handled) and failed.",
+    ["trigger", "outcome"])
+
 
 # -- the stream worker ----------------------------------------------------------------------
 
