@@ -178,6 +178,9 @@ class Settings(BaseSettings):
     # Compaction's summarizer (docs/compaction.md): "extractive" (offline, no model) or
     # "chat_completions" (an OpenAI-compatible /chat/completions at compaction_llm_url).
     compaction_summarizer: Literal["extractive", "chat_completions"] = "extractive"
+    # Whether the worker compacts the sessions AssembleContext finds above compaction_threshold
+    # (their CompactionJobs); off, only the Compact RPC compacts.
+    compaction_on_threshold: bool = True
     # sliding_window keeps this many of the session's most recent turns verbatim.
     compaction_keep_recent_turns: int = Field(default=10, ge=1, le=100_000)
     compaction_llm_url: str | None = None

@@ -40,6 +40,7 @@ from context_engine.config import Settings
 from context_engine.guardrails.trust import load_trust
 from context_engine.metrics import serve_metrics
 from streams.agents.audit import register_audit_writer
+from streams.agents.compaction import register_compaction_worker
 from streams.agents.embedding import register_embedding_pipeline, register_reindex_worker
 from streams.agents.indexing import register_chunk_indexer
 from streams.agents.pii import register_pii_scanner
@@ -109,6 +110,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
     register_sweep_timer(app, resources)
     register_vector_assignment(app, resources)
     register_sweep_at_start(app, resources)
+    register_compaction_worker(app, resources)
     return app
 
 

@@ -7,6 +7,7 @@ its agents, timers or tasks on the Faust app (streams/app.py `create_app` calls 
 - savings.py — `baseline-calculator`;
 - audit.py — `audit-writer`;
 - pii.py — `pii-scanner`;
+- compaction.py — `compaction-worker`, and its sweep of open compaction requests;
 - sweep.py — the backlog sweep, every `SWEEP_INTERVAL_S` and once at start.
 
 What they share (topics, signatures, the pool, the embedder...) is a `WorkerResources`

@@ -15,9 +15,11 @@ from context_engine.config import Settings
 from context_engine.events import Event
 from inference.embedder import embedder_from_settings
 from inference.pii_client import PiiClient
+from inference.summarizers import summarizer_from_settings
 from projections.database import create_pool, transaction_state_only
 from projections.vector_index import ensure_vector_index
 from streams.agents.refusals import RefusalLog
+from streams.compaction_worker import CompactionWorker
 from streams.embedding_pipeline import EmbeddingPipeline
 from streams.jobs import JobMessage
 from streams.pii_scanner import PiiScanner
@@ -32,7 +34,8 @@ JOB_KINDS = ("embedding", "reindex", "pii", "indexing", "compaction", "metrics:b
 class WorkerResources:
     """The settings; the log's topics; signing what the worker writes and checking what it reads;
     one database pool; the embedder, loaded at start on its background thread, and the indexer's
-    thread; and the embedding pipeline, the PII scanner and the vector assigner, each made when an
+    thread; and the embedding pipeline, the PII scanner, the compaction worker and the vector
+    assigner, each made when an
     agent first asks for it and then shared."""
 
     def __init__(self, app: faust.App, settings: Settings) -> None:
@@ -48,6 +51,7 @@ class WorkerResources:
         self._pipeline: EmbeddingPipeline | None = None
         self._scanner: PiiScanner | None = None
         self._assigner: VectorAssigner | None = None
+        self._compactor: CompactionWorker | None = None
         # Loaded now, before the consumer starts: loading the model blocks for a second or more, and a
         # blocked event loop misses the consumer's heartbeats (a 2 s session) under CPU load. Loaded on
         # the thread it runs on, below the projectors' priority, so that onnxruntime's threads inherit
@@ -109,6 +113,17 @@ class WorkerResources:
             client = PiiClient.from_settings(self.settings, timeout_seconds=self.settings.pii_detector_timeout_seconds)
             self._scanner = PiiScanner(await self.pool(), client, self.send_event)
         return self._scanner
+
+    async def compactor(self) -> CompactionWorker:
+        db = await self.pool()
+        if self._compactor is None:
+            s = self.settings
+            self._compactor = CompactionWorker(db, summarizer_from_settings(s), self.send_event,
+                                               enabled=s.compaction_on_threshold,
+                                               keep_recent=s.compaction_keep_recent_turns,
+                                               max_content_bytes=s.max_content_bytes,
+                                               verdict_timeout_s=max(30.0, s.ack_timeout_seconds))
+        return self._compactor
 
     async def vector_assigner(self) -> VectorAssigner:
         db = await self.pool()  # before the check: the agent and the task must share one queue

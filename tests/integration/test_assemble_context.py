@@ -168,8 +168,12 @@ async def test_twenty_turns_share_the_prefix_and_prompt_id_survives_an_api_resta
 
 async def test_savings_are_sampled_and_aggregated(engine):
     caller = engine.caller(SAMPLED_ORG, clearance=1)
-    await ingest(caller, "s", [f"user: line {i} " + "filler words " * 20 for i in range(30)])
-    reply = await assemble(caller, session="s", task="line 3", budget=300)
+    # Over budget, so every call crosses the compaction threshold; 11 turns at most, so the worker
+    # has nothing to compact (sliding_window keeps COMPACTION_KEEP_RECENT_TURNS, 10, and needs 2
+    # more) and the session stays as written between the calls.
+    await ingest(caller, "s", [f"user: line {i} " + "filler words " * 60 for i in range(10)])
+    budget = 300
+    reply = await assemble(caller, session="s", task="line 3", budget=budget)
     assert reply.baseline_tokens > reply.assembled_tokens > 0
     assert reply.savings_ratio == pytest.approx(
         (reply.baseline_tokens - reply.assembled_tokens) / reply.baseline_tokens)
@@ -177,10 +181,10 @@ async def test_savings_are_sampled_and_aggregated(engine):
     # to the corpus part, a turn of the caller's own session to the history part only.
     elsewhere, here = "user: a line of another session" + " more words" * 10, "user: one more line here"
     await ingest(caller, "other", [elsewhere])
-    after_elsewhere = await assemble(caller, session="s", task="line 3", budget=300)
+    after_elsewhere = await assemble(caller, session="s", task="line 3", budget=budget)
     assert after_elsewhere.baseline_tokens == reply.baseline_tokens + count_tokens(elsewhere)
     await ingest(caller, "s", [here])
-    after_here = await assemble(caller, session="s", task="line 3", budget=300)
+    after_here = await assemble(caller, session="s", task="line 3", budget=budget)
     assert after_here.baseline_tokens == after_elsewhere.baseline_tokens + count_tokens(here)
     conn = await asyncpg.connect(engine.settings.database_url)
     try:
@@ -234,9 +238,13 @@ async def test_reading_only_the_recent_history_never_changes_the_prompt(engine, 
     read of the whole window gives, also when the turns read run out before the budget does."""
     from commands import assemble_context as module
 
-    caller = engine.caller(unique("org"), clearance=1)
+    org = unique("org")
+    caller = engine.caller(org, "pillar", "team", clearance=1)
     turns = [f"user: turn {i} about the order number {1000 + i} and its parcel" for i in range(60)]
-    await ingest(caller, "long", turns)
+    # The org scope owns the session and the team writes the rest: every call crosses the compaction
+    # threshold, and the worker, which replaces only turns written at the owner scope, leaves it as it is.
+    await ingest(engine.caller(org, clearance=1), "long", turns[:1])
+    await ingest(caller, "long", turns[1:])
     await assemble(caller, session="long", task="", budget=200)  # projected: the freshness wait
     prompts = {}
     for factor in (module.HISTORY_READ_FACTOR, 0, 10**6):  # the default, a single turn, the whole window

@@ -62,9 +62,10 @@ def test_every_agent_reads_its_topic_and_the_tasks_start_in_order(settings):
         "baseline-calculator": "context-engine.metrics-baseline",
         "audit-writer": "context-engine.audit-access",
         "pii-scanner": "context-engine.pii",
+        "compaction-worker": "context-engine.compaction",
     }
-    assert [task.__wrapped__.__name__ for task in app._app_tasks] == ["sweep_backlog", "assign_vectors",
-                                                                      "sweep_at_start"]
+    assert [task.__wrapped__.__name__ for task in app._app_tasks] == [
+        "sweep_backlog", "assign_vectors", "sweep_at_start", "compact_open_requests_at_start", "compact_lost_requests"]
 
 
 async def test_agents_starting_together_share_one_pool(settings, pools):

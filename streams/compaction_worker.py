@@ -1,0 +1,135 @@
+"""The compaction worker: a CompactionJob (or a compaction request found open) in, a
+session.compacted event out, by the code the Compact RPC runs (inference/compaction.py).
+
+What a job asks for is read from the read model, not from the job: a session is compacted only
+while its compaction request is open (compaction_requests), so a job for a session compacted,
+rolled back or back under its threshold since is a no-op, as is a redelivered one; a message_id
+already handled here is not even read. At most one compaction of a session runs in a process at
+a time (the job and the sweep of open requests could otherwise race), and across processes the
+event carries the version it was planned at: the projector refuses the later of two (STALE).
+
+The event is written as the session's owner scope (a compaction changes what every scope in the
+session sees, so only the owner may ask for one) with actor `compaction-worker`, and the worker
+waits for the projector's verdict, so what it counts (context_engine_compactions{trigger="job"})
+is what happened. Requests stay open when a compaction is refused (too few turns, the quality
+gate): the worker tries them again at its next start. With COMPACTION_ON_THRESHOLD off, jobs
+and requests are left alone (outcome `disabled`): only the Compact RPC compacts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as dt
+import time
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import structlog
+
+from context_engine import metrics
+from context_engine.errors import DomainError
+from context_engine.events import Event, SessionRef
+from context_engine.scope import Scope
+from inference.compaction import STRATEGIES, plan_sliding_window
+from inference.summarizers import Summarizer
+from projections import compaction_reads, queries
+from projections.compaction_reads import WORKER_ACTOR
+from projections.database import org_transaction
+
+log = structlog.get_logger("context_engine.compaction")
+
+SYSTEM_ORG = "_system"
+HANDLED_MESSAGES = 100_000  # message ids remembered against redelivery
+VERDICT_POLL_S = 0.05
+
+SendEvent = Callable[[Event], Awaitable[None]]
+
+
+class CompactionWorker:
+    def __init__(self, pool: asyncpg.Pool, summarizer: Summarizer, send: SendEvent, *, enabled: bool,
+                 keep_recent: int, max_content_bytes: int, verdict_timeout_s: float) -> None:
+        self.pool = pool
+        self.summarizer = summarizer
+        self.send = send
+        self.enabled = enabled  # COMPACTION_ON_THRESHOLD
+        self.keep_recent = keep_recent
+        self.max_content_bytes = max_content_bytes
+        self.verdict_timeout_s = verdict_timeout_s
+        self._running: set[tuple[str, str]] = set()
+        self._handled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.attempted: set[str] = set()  # requests (their opening event) this process has tried
+
+    async def job(self, message_id: str, org_id: str, session_id: str, strategy: str) -> str:
+        """Handle one CompactionJob; returns the outcome counted."""
+        if message_id in self._handled:
+            return self._count("duplicate")
+        self._handled[message_id] = None
+        while len(self._handled) > HANDLED_MESSAGES:
+            self._handled.popitem(last=False)
+        if strategy not in STRATEGIES:
+            log.warning("compaction job with an unsupported strategy", org_id=org_id, session_id=session_id,
+                        strategy=strategy[:64])
+            return self._count("unsupported_strategy")
+        return await self.compact(org_id, session_id)
+
+    async def open_requests(self, *, older_than: dt.timedelta, limit: int = 1000) -> list[tuple[str, str, str]]:
+        async with org_transaction(self.pool, SYSTEM_ORG, readonly=True) as conn:
+            return await compaction_reads.open_requests(conn, older_than=older_than, limit=limit)
+
+    async def compact(self, org_id: str, session_id: str) -> str:
+        """Compact the session if its request is still open; returns the outcome counted."""
+        if not self.enabled:
+            return self._count("disabled")
+        key = (org_id, session_id)
+        if key in self._running:
+            return self._count("duplicate")
+        self._running.add(key)
+        try:
+            outcome = await self._compact(org_id, session_id)
+        except Exception:
+            log.exception("compaction failed; the request stays open", org_id=org_id, session_id=session_id)
+            outcome = "failed"
+        finally:
+            self._running.discard(key)
+        return self._count(outcome)
+
+    async def _compact(self, org_id: str, session_id: str) -> str:
+        async with org_transaction(self.pool, org_id, readonly=True) as conn:
+            request = await compaction_reads.open_request(conn, org_id, session_id)
+            session = await queries.get_session(conn, org_id, session_id) if request else None
+            if request is None or session is None:
+                return "already_closed"
+            turns = await queries.owner_turns(conn, org_id, session_id, session.scope_path)
+        self.attempted.add(request)
+        try:
+            plan = await plan_sliding_window(self.summarizer, session_id, turns, keep_recent=self.keep_recent,
+                                             max_content_bytes=self.max_content_bytes)
+        except DomainError as exc:
+            log.info("compaction refused; the request stays open", org_id=org_id, session_id=session_id,
+                     reason=exc.reason, detail=str(exc))
+            return exc.reason.lower()
+        owner = Scope(*session.scope_path.split("/"))
+        event = Event.of(plan.event_body(session.version, "sliding_window", self.summarizer.name),
+                         scope=owner, actor=WORKER_ACTOR, aggregate=SessionRef(org_id, session_id).aggregate)
+        await self.send(event)
+        verdict = await self._verdict(org_id, event.event_id)
+        if verdict is None:
+            log.warning("compaction appended, the projector's verdict not seen in time", org_id=org_id,
+                        session_id=session_id, event_id=event.event_id)
+            return "unconfirmed"
+        return "compacted" if verdict else "session_changed"
+
+    async def _verdict(self, org_id: str, event_id: str) -> bool | None:
+        deadline = time.monotonic() + self.verdict_timeout_s
+        while True:
+            async with org_transaction(self.pool, org_id, readonly=True) as conn:
+                verdict = await compaction_reads.compaction_applied(conn, org_id, event_id)
+            if verdict is not None or time.monotonic() > deadline:
+                return verdict
+            await asyncio.sleep(VERDICT_POLL_S)
+
+    @staticmethod
+    def _count(outcome: str) -> str:
+        metrics.COMPACTIONS.labels("job", outcome).inc()
+        return outcome
