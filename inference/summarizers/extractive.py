@@ -5,9 +5,10 @@ or at least NEW_TERMS search terms (projections/retrieval/bm25.py's analyzer, wi
 chit-chat words of facts.ORDINARY_WORDS) that no kept sentence has: what happened ("I painted
 that lake sunrise") has no fact of the extractor's kinds, and retrieval finds the summary by its
 terms. A sentence with neither (greetings, thanks, reactions, a repetition) is dropped. Each
-turn's kept sentences stay under its speaker ("user: ..."), so the summary reads as the dialogue
-it replaces. Facts the sentence split cuts apart (a quoted string spanning two sentences) are
-caught by scoring the draft against the turns and keeping, for each fact still missing, the
+turn's kept sentences stay under its speaker ("user: ...", or the "Name: " a turn without a role
+starts with), so the summary reads as the dialogue it replaces, one line per turn (and is
+chunked by its lines). Facts the sentence split cuts apart (a quoted string spanning two
+sentences) are caught by scoring the draft against the turns and keeping, for each fact still missing, the
 sentences that hold it, else its whole turn.
 """
 
@@ -24,6 +25,8 @@ from projections.retrieval.bm25 import analyze
 NEW_TERMS = 2
 
 _SENTENCE = re.compile(r"[^.!?…\n]+(?:[.!?…]+[\"')\]]*|$)")
+# A turn stored as "Caroline: text" (no role): its speaker, kept on its line whatever sentences go.
+_SPEAKER = re.compile(r"([^\W\d_][\w .'-]{0,39}): ")
 
 
 def sentences(text: str) -> list[str]:
@@ -41,6 +44,7 @@ class ExtractiveSummarizer:
 
 def summarize(turns: Sequence[Turn]) -> str:
     """The summary text: one line per turn that keeps a sentence, ``role: sentences``."""
+    turns = [_with_speaker(t) for t in turns]
     split = [sentences(t.content) for t in turns]
     keep = [[False] * len(s) for s in split]
     covered: set[Fact] = set()
@@ -59,6 +63,13 @@ def summarize(turns: Sequence[Turn]) -> str:
         for fact in missing:
             _keep_first_holding(fact, turn_facts, split, keep)
     return _render(turns, split, keep)
+
+
+def _with_speaker(turn: Turn) -> Turn:
+    """A turn without a role whose text starts with "Name: " is that speaker's."""
+    if turn.role or not (m := _SPEAKER.match(turn.content)):
+        return turn
+    return Turn(m.group(1), turn.content[m.end():])
 
 
 def _terms(sentence: str) -> set[str]:

@@ -22,7 +22,11 @@
 4. **Overlap.** Each window after the first starts with the trailing pieces of the previous
    window that fit in ``overlap_tokens`` (default 32): whole sentences only, so the overlap is
    "the last sentence or so", never a cut word. A hard-cut piece is too long to be carried.
-5. **Identity.** ``id = UUIDv5(CHUNK_NAMESPACE, f"{source_event_id}#{index}")``: replaying an
+5. **A summary by its lines.** A compaction summary (docs/compaction.md) is one line per turn
+   it replaced, and each non-empty line is a chunk (a line over ``max_tokens`` is cut by rules
+   3-4), so retrieval picks the moments a question needs, as it did from the turns, rather than
+   a window of several turns at a time (:func:`chunk_lines`).
+6. **Identity.** ``id = UUIDv5(CHUNK_NAMESPACE, f"{source_event_id}#{index}")``: replaying an
    event reproduces its chunk ids. ``content_hash = SHA-256(content as UTF-8)`` in lowercase
    hex: identical content gives an identical hash, whatever event it came from, so embeddings
    are computed once per content hash. ``token_count`` is the cl100k count of ``content``.
@@ -48,6 +52,7 @@ __all__ = [
     "ENCODING",
     "Chunk",
     "chunk_content",
+    "chunk_lines",
     "chunk_id",
     "chunk_text",
     "content_hash",
@@ -237,7 +242,7 @@ def retrieval_text(text: str) -> str:
 
 def chunk_text(source_event_id: str, text: str, *, max_tokens: int = DEFAULT_MAX_TOKENS,
                overlap_tokens: int = DEFAULT_OVERLAP_TOKENS) -> list[Chunk]:
-    """Chunks of a text (module docstring, rules 2-5)."""
+    """Chunks of a text (module docstring, rules 2-4 and 6)."""
     if max_tokens < 8:
         raise ValueError("max_tokens must be >= 8")
     if not 0 <= overlap_tokens < max_tokens:
@@ -254,6 +259,19 @@ def chunk_text(source_event_id: str, text: str, *, max_tokens: int = DEFAULT_MAX
         Chunk(chunk_id(source_event_id, i), source_event_id, i, p, content_hash(p), n)
         for i, (p, n) in enumerate(_pieces(text, max_tokens, overlap_tokens))
     ]
+
+
+def chunk_lines(source_event_id: str, content: bytes, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+                overlap_tokens: int = DEFAULT_OVERLAP_TOKENS) -> list[Chunk]:
+    """Chunks of a compaction summary: one per non-empty line (rule 5); none if not UTF-8."""
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        return []
+    pieces = [(c.content, c.token_count) for line in retrieval_text(text).splitlines()
+              for c in chunk_text(source_event_id, line, max_tokens=max_tokens, overlap_tokens=overlap_tokens)]
+    return [Chunk(chunk_id(source_event_id, i), source_event_id, i, p, content_hash(p), n)
+            for i, (p, n) in enumerate(pieces)]
 
 
 def chunk_content(source_event_id: str, content: Any, *, content_type: str = "text/plain",

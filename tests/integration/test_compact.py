@@ -62,7 +62,8 @@ async def test_compact_replaces_the_older_turns_with_a_summary_that_is_searched_
     assert "Lisbon" in after.assembled_prompt and "hi there" not in after.assembled_prompt
     await settled(engine.settings.database_url, org)
     found = await lead("Search", pb.SearchRequest(query="INV-2041 lamps Lisbon", top_k=5))
-    assert found.results and found.results[0].content == turns[0].decode()
+    summary_lines = turns[0].decode().splitlines()  # a summary is chunked by its lines, one per replaced turn
+    assert found.results and found.results[0].content in summary_lines and "Lisbon" in found.results[0].content
     # Rollback to the version before it brings the turns back.
     previous = (await fetch(engine, "SELECT version FROM session_versions WHERE org_id = $1 AND session_id = $2 "
                                     "AND seq = $3", org, sid, len(OLDER) + KEEP))[0]["version"]

@@ -177,3 +177,16 @@ def test_a_token_without_spaces_is_capped_in_the_index():
     [term] = analyze("x" * 10_000)
     assert term == "x" * MAX_TERM_CHARS
     assert analyze("ordinary words stay whole") == ["ordinary", "words", "stay", "whole"]
+
+
+def test_a_summary_is_a_chunk_per_line_and_a_long_line_is_cut_like_any_text():
+    long_line = " ".join(f"Sentence {i} about the harbour and the lighthouse keeper." for i in range(60))
+    summary = f"Caroline: I went to the support group.\n\nMelanie: I painted a lake sunrise.\n{long_line}\n"
+    chunks = chunking.chunk_lines("ev-9", summary.encode())
+    assert [c.content for c in chunks[:2]] == ["Caroline: I went to the support group.",
+                                              "Melanie: I painted a lake sunrise."]
+    assert len(chunks) > 3 and all(c.token_count <= chunking.DEFAULT_MAX_TOKENS for c in chunks)
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert [c.id for c in chunks] == [chunking.chunk_id("ev-9", i) for i in range(len(chunks))]
+    assert chunking.chunk_lines("ev-9", b"\xff\xfe not utf-8") == []
+    assert chunking.chunk_lines("ev-9", b"a\x00b")[0].content == "a b"

@@ -172,3 +172,13 @@ def test_an_llm_summarizer_without_an_url_is_refused_at_start() -> None:
 
     with pytest.raises(ValidationError, match="COMPACTION_LLM_URL"):
         Settings(compaction_summarizer="chat_completions")
+
+
+def test_a_turn_stored_with_its_speaker_keeps_the_speaker_on_its_line() -> None:
+    turns = [Turn("", "Caroline: Hey! I went to the support group on 7 May 2023."),
+             Turn("", "Melanie: Wow, great! Did you meet anyone from Boston there?"),
+             Turn("", "ok: cool")]
+    lines = summarize(turns).splitlines()
+    assert lines[0] == "Caroline: I went to the support group on 7 May 2023."
+    assert lines[1].startswith("Melanie: ") and "Boston" in lines[1] and "Wow" not in lines[1]
+    assert retention([t.content for t in turns], "\n".join(lines)).score == 1.0

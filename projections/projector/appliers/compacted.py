@@ -74,7 +74,7 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
                            org.org_id, ids)
     await org.chunks.set_active([(i, False) for i in ids])
     await org.chunks.add(event_id=ev.event_id, source_kind="event", session_id=sid, scope_path=s.scope_path,
-                         content=summary, metadata={}, created_at=ev.occurred)
+                         content=summary, metadata={}, created_at=ev.occurred, summary=True)
     await org.conn.execute(
         "INSERT INTO compactions (org_id, event_id, session_id, actor, strategy, summarizer, replaced_turns, "
         "original_tokens, compacted_tokens, fact_retention_score, occurred_at) "
