@@ -29,14 +29,17 @@ async def open_request(conn: asyncpg.Connection, org_id: str, session_id: str) -
 
 
 async def open_requests(conn: asyncpg.Connection, *, older_than: dt.timedelta,
-                        limit: int) -> list[tuple[str, str, str]]:
-    """(org, session, opening event) of every org's open requests opened more than `older_than`
-    ago, oldest first (run under '_system')."""
+                        after: tuple[dt.datetime, str] | None, limit: int) -> list[tuple[str, str, str, dt.datetime]]:
+    """(org, session, opening event, opened at) of every org's open requests opened more than
+    `older_than` ago, oldest first, the page after `after` (opened at, opening event of the last
+    row of the previous page) (run under '_system')."""
     rows = await conn.fetch(
-        "SELECT org_id, session_id, opened_by FROM compaction_requests "
-        "WHERE closed_by IS NULL AND opened_at < now() - $1::interval ORDER BY opened_at LIMIT $2",
-        older_than, limit)
-    return [(r["org_id"], r["session_id"], str(r["opened_by"])) for r in rows]
+        "SELECT org_id, session_id, opened_by, opened_at FROM compaction_requests "
+        "WHERE closed_by IS NULL AND opened_at < now() - $1::interval "
+        "  AND ($2::timestamptz IS NULL OR (opened_at, opened_by) > ($2, $3::uuid)) "
+        "ORDER BY opened_at, opened_by LIMIT $4",
+        older_than, after[0] if after else None, after[1] if after else None, limit)
+    return [(r["org_id"], r["session_id"], str(r["opened_by"]), r["opened_at"]) for r in rows]
 
 
 async def compaction_applied(conn: asyncpg.Connection, org_id: str, event_id: str) -> bool | None:

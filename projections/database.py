@@ -117,17 +117,18 @@ async def advisory_lock(conn: asyncpg.Connection, key: int) -> AsyncIterator[Non
 
 
 @asynccontextmanager
-async def org_transaction(pool: asyncpg.Pool, org_id: str, *, readonly: bool = False,
+async def org_transaction(pool: asyncpg.Pool, org_id: str, *, readonly: bool = False, snapshot: bool = False,
                           local: Mapping[str, str] | None = None) -> AsyncIterator[asyncpg.Connection]:
     """A connection inside a transaction in which `app.org_id` = org_id (transaction-local),
     and each setting of `local` too (e.g. `hnsw.ef_search`, `lock_timeout`): BEGIN and the
     settings go in one script, one round trip (every RPC opens at least one of these); an
     exception rolls it back. Begun by a script, not by `conn.transaction()`: a block inside
     cannot open a nested `conn.transaction()` (asyncpg refuses one in a transaction it did not
-    start); none does."""
+    start); none does. `snapshot`: REPEATABLE READ, every statement reads the same state."""
     if not org_id:
         raise ValueError("org_id is required")
-    opening = ("BEGIN READ ONLY" if readonly else "BEGIN") + ";\n" + set_config_sql(
+    isolation = " ISOLATION LEVEL REPEATABLE READ" if snapshot else ""
+    opening = f"BEGIN{isolation}{' READ ONLY' if readonly else ''};\n" + set_config_sql(
         {"app.org_id": org_id, **(local or {})})
     async with pool.acquire() as conn:
         require_standard_strings(conn)

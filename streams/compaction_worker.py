@@ -11,8 +11,11 @@ event carries the version it was planned at: the projector refuses the later of 
 The event is written as the session's owner scope (a compaction changes what every scope in the
 session sees, so only the owner may ask for one) with actor `compaction-worker`, and the worker
 waits for the projector's verdict, so what it counts (context_engine_compactions{trigger="job"})
-is what happened. Requests stay open when a compaction is refused (too few turns, the quality
-gate): the worker tries them again at its next start. With COMPACTION_ON_THRESHOLD off, jobs
+is what happened. When a write came first (`session_changed`) it plans again from the new state,
+up to PLAN_ATTEMPTS times. A request stays open when its compaction is refused; one refused for
+what would refuse it again (too few turns, the quality gate, a summary too large) is tried again
+at the worker's next start, one that failed otherwise (the summarizer down, no verdict in time,
+an error) by the sweep of requests older than 10 minutes, every 30 s. With COMPACTION_ON_THRESHOLD off, jobs
 and requests are left alone (outcome `disabled`): only the Compact RPC compacts.
 """
 
@@ -22,7 +25,7 @@ import asyncio
 import collections
 import datetime as dt
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 import structlog
@@ -42,6 +45,9 @@ log = structlog.get_logger("context_engine.compaction")
 SYSTEM_ORG = "_system"
 HANDLED_MESSAGES = 100_000  # message ids remembered against redelivery
 VERDICT_POLL_S = 0.05
+PLAN_ATTEMPTS = 3
+# Refusals the same state would give again: not retried before the next start.
+SETTLED_REFUSALS = frozenset({"nothing_to_compact", "quality_guardrail_triggered", "summary_too_large"})
 
 SendEvent = Callable[[Event], Awaitable[None]]
 
@@ -58,7 +64,7 @@ class CompactionWorker:
         self.verdict_timeout_s = verdict_timeout_s
         self._running: set[tuple[str, str]] = set()
         self._handled: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self.attempted: set[str] = set()  # requests (their opening event) this process has tried
+        self.settled: set[str] = set()  # requests (their opening event) refused for good until the next start
 
     async def job(self, message_id: str, org_id: str, session_id: str, strategy: str) -> str:
         """Handle one CompactionJob; returns the outcome counted."""
@@ -68,14 +74,23 @@ class CompactionWorker:
         while len(self._handled) > HANDLED_MESSAGES:
             self._handled.popitem(last=False)
         if strategy not in STRATEGIES:
-            log.warning("compaction job with an unsupported strategy", org_id=org_id, session_id=session_id,
+            log.warning("compaction job with an unsupported strategy", org_id=org_id, session_id=session_id[:128],
                         strategy=strategy[:64])
             return self._count("unsupported_strategy")
         return await self.compact(org_id, session_id)
 
-    async def open_requests(self, *, older_than: dt.timedelta, limit: int = 1000) -> list[tuple[str, str, str]]:
-        async with org_transaction(self.pool, SYSTEM_ORG, readonly=True) as conn:
-            return await compaction_reads.open_requests(conn, older_than=older_than, limit=limit)
+    async def open_requests(self, *, older_than: dt.timedelta, page: int = 1000) -> AsyncIterator[tuple[str, str, str]]:
+        """(org, session, opening event) of every open request opened more than `older_than` ago,
+        oldest first, a page at a time."""
+        after = None
+        while True:
+            async with org_transaction(self.pool, SYSTEM_ORG, readonly=True) as conn:
+                rows = await compaction_reads.open_requests(conn, older_than=older_than, after=after, limit=page)
+            for org_id, session_id, opened_by, _opened_at in rows:
+                yield org_id, session_id, opened_by
+            if len(rows) < page:
+                return
+            after = (rows[-1][3], rows[-1][2])
 
     async def compact(self, org_id: str, session_id: str) -> str:
         """Compact the session if its request is still open; returns the outcome counted."""
@@ -88,26 +103,36 @@ class CompactionWorker:
         try:
             outcome = await self._compact(org_id, session_id)
         except Exception:
-            log.exception("compaction failed; the request stays open", org_id=org_id, session_id=session_id)
+            log.exception("compaction failed; the request stays open", org_id=org_id, session_id=session_id[:128])
             outcome = "failed"
         finally:
             self._running.discard(key)
         return self._count(outcome)
 
     async def _compact(self, org_id: str, session_id: str) -> str:
-        async with org_transaction(self.pool, org_id, readonly=True) as conn:
+        for _ in range(PLAN_ATTEMPTS):
+            outcome = await self._compact_once(org_id, session_id)
+            if outcome != "session_changed":
+                return outcome
+        return outcome
+
+    async def _compact_once(self, org_id: str, session_id: str) -> str:
+        # One snapshot: the request, the session's version and its turns as of one moment, so a
+        # compaction committed meanwhile cannot give a plan at its new version for a closed request.
+        async with org_transaction(self.pool, org_id, readonly=True, snapshot=True) as conn:
             request = await compaction_reads.open_request(conn, org_id, session_id)
             session = await queries.get_session(conn, org_id, session_id) if request else None
             if request is None or session is None:
                 return "already_closed"
             turns = await queries.owner_turns(conn, org_id, session_id, session.scope_path)
-        self.attempted.add(request)
         try:
             plan = await plan_sliding_window(self.summarizer, session_id, turns, keep_recent=self.keep_recent,
                                              max_content_bytes=self.max_content_bytes)
         except DomainError as exc:
-            log.info("compaction refused; the request stays open", org_id=org_id, session_id=session_id,
-                     reason=exc.reason, detail=str(exc))
+            log.info("compaction refused; the request stays open", org_id=org_id, session_id=session_id[:128],
+                     reason=exc.reason, detail=str(exc)[:500])
+            if exc.reason.lower() in SETTLED_REFUSALS:
+                self.settled.add(request)
             return exc.reason.lower()
         owner = Scope(*session.scope_path.split("/"))
         event = Event.of(plan.event_body(session.version, "sliding_window", self.summarizer.name),
@@ -116,7 +141,7 @@ class CompactionWorker:
         verdict = await self._verdict(org_id, event.event_id)
         if verdict is None:
             log.warning("compaction appended, the projector's verdict not seen in time", org_id=org_id,
-                        session_id=session_id, event_id=event.event_id)
+                        session_id=session_id[:128], event_id=event.event_id)
             return "unconfirmed"
         return "compacted" if verdict else "session_changed"
 
