@@ -28,7 +28,8 @@ from context_engine.events import CompactionThreshold, Event, SessionRef
 from context_engine.guardrails.trust import trusted_fingerprints
 from context_engine.hashing import merkle_root, sha256_hex
 from context_engine.metrics import timed
-from context_engine.visibility import Visibility
+from context_engine.scope import Scope
+from context_engine.visibility import Visibility, may_rewrite
 from inference import tokens
 from projections import corpus_totals, session_reads
 from projections.database import org_transaction
@@ -156,7 +157,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
             baseline = await _baseline(deps, org, visible, reads.layers, count, reads.visible_session_tokens, packed,
                                        prompt_id, cmd, scope)
     with timed("assemble", "compaction_trigger"):
-        await _compaction_trigger(deps, principal, cmd, reads.session_tokens, reads.compaction_open)
+        await _compaction_trigger(deps, principal, cmd, reads)
     return Assembled(
         prompt_id=prompt_id, prompt=packed.prompt, cache_prefix_bytes=packed.prefix_bytes,
         assembled_tokens=packed.tokens, baseline_tokens=baseline,
@@ -292,10 +293,15 @@ async def _baseline(deps: Deps, org, visible: Visibility, layers, count, session
     return naive
 
 
-async def _compaction_trigger(deps: Deps, principal: Principal, cmd: AssembleContext, session_tokens: int,
-                              open_request: bool) -> None:
+async def _compaction_trigger(deps: Deps, principal: Principal, cmd: AssembleContext, reads: SessionReads) -> None:
+    """Record a crossing of the compaction threshold, which asks the worker to compact the session:
+    only the owner scope's own calls do, as only it may compact the session (visibility.may_rewrite);
+    a grantee's or a scope below the owner's assembly never rewrites what the owner's readers see."""
+    if reads.owner_path is None or not may_rewrite(Scope(*reads.owner_path.split("/")), principal.scope):
+        return
+    session_tokens = reads.session_tokens
     crossed = session_tokens > deps.settings.compaction_threshold * cmd.token_budget
-    if crossed == open_request:
+    if crossed == reads.compaction_open:
         return
     session = SessionRef(principal.scope.org_id, cmd.session_id)
     event = Event.of(CompactionThreshold(cmd.session_id, crossed, int(session_tokens), cmd.token_budget),

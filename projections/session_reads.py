@@ -40,6 +40,7 @@ class SessionReads:
     compaction_open: bool
     history_truncated: bool  # older turns within the window were not read (`read_tokens`)
     pinned_shares: dict[str, str] = field(default_factory=dict)  # pinned chunk id -> share, if seen by a grant
+    owner_path: str | None = None  # the session's owner scope, None for a session not written yet
 
 
 async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, *,
@@ -70,7 +71,8 @@ async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, 
         org, session_id, visible.sql_paths)
     truncated = bool(history_rows) and len(history_rows) < history_rows[0]["window_rows"]
     return SessionReads(layers, pinned, required, _history_blocks(history_rows), int(totals["tokens"]),
-                        int(totals["visible_tokens"]), totals["compaction_open"], truncated, pinned_shares)
+                        int(totals["visible_tokens"]), totals["compaction_open"], truncated, pinned_shares,
+                        session.scope_path if session is not None else None)
 
 
 async def read_history(conn: asyncpg.Connection, org: str, session_id: str, visible: Visibility,

@@ -241,8 +241,8 @@ async def test_reading_only_the_recent_history_never_changes_the_prompt(engine, 
     org = unique("org")
     caller = engine.caller(org, "pillar", "team", clearance=1)
     turns = [f"user: turn {i} about the order number {1000 + i} and its parcel" for i in range(60)]
-    # The org scope owns the session and the team writes the rest: every call crosses the compaction
-    # threshold, and the worker, which replaces only turns written at the owner scope, leaves it as it is.
+    # The org scope owns the session and the team writes and assembles it: every call crosses the
+    # compaction threshold, which only the owner scope's own calls record, so the session stays as written.
     await ingest(engine.caller(org, clearance=1), "long", turns[:1])
     await ingest(caller, "long", turns[1:])
     await assemble(caller, session="long", task="", budget=200)  # projected: the freshness wait

@@ -114,9 +114,12 @@ async def test_a_rollback_closes_the_request_and_its_job_is_a_no_op(engine):
     version = (await fetch(engine, "SELECT version FROM sessions WHERE org_id = $1 AND session_id = $2",
                            org, sid))[0]["version"]
     await lead("IngestEvent", pb.IngestEventRequest(session_id=sid, event_type="message", content=OLDER[3]))
+    crossing = await asyncio.to_thread(job_outcomes, engine.settings.worker_metrics_port)
     await cross_threshold(engine, lead, org, sid)
     [request] = await requests(engine, org, sid)
     assert request["closed_by"] is None
+    await handled(engine, crossing, "nothing_to_compact", 1)  # the crossing's own job, refused: still open
+    assert (await requests(engine, org, sid))[0]["closed_by"] is None
     await lead("RollbackContext", pb.RollbackContextRequest(session_id=sid, target_version_hash=version))
     [request] = await requests(engine, org, sid)
     assert request["closed_reason"] == "rolled_back" and request["closed_by"] is not None
@@ -158,3 +161,15 @@ async def test_stats_compaction_reports_requests_and_compactions(engine):
     assert fields[0] == org
     assert fields[1:8] == ["1", "0", "1", "0", "0", "1", "1"]  # 1 request, closed by the 1 compaction, the worker's
     assert fields[8:10] == [str(done["original_tokens"]), str(done["compacted_tokens"])]
+
+
+async def test_only_the_owner_scopes_assembly_asks_for_a_compaction(engine):
+    """A compaction rewrites what every reader of the session sees, so a crossing seen by a scope
+    below the owner's (which reads the session whole) opens no request: no job, no rewrite."""
+    org, sid, lead = await long_session(engine)
+    below = engine.caller(org, "sales", "emea", "bot", clearance=4)
+    await cross_threshold(engine, below, org, sid)
+    assert await requests(engine, org, sid) == []
+    await cross_threshold(engine, lead, org, sid)
+    [request] = await requests(engine, org, sid)
+    assert request["opened_by"] is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from context_engine.events import CompactionThreshold, Event
+from context_engine.visibility import may_rewrite
 from projections.records import LogRecord
 
 from ..job_requests import CompactSession
@@ -18,9 +19,13 @@ if TYPE_CHECKING:
 async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     """AssembleContext saw the session's history cross 80 % of its budget (or fall back under
     it). Only the event that opens a request asks for compaction, so there is one job per
-    crossing whoever observed it."""
+    crossing whoever observed it. Only the owner scope's events count (the API sends no other):
+    a compaction rewrites what every reader of the session sees."""
     body = CompactionThreshold.from_payload(ev.payload)
     sid = body.session_id
+    s = org.chain.sessions.get(sid) if isinstance(sid, str) else None
+    if s is None or not may_rewrite(s.owner(org.org_id), ev.scope):
+        return applied(rec, ev, Outcome.OUT_OF_SCOPE)  # only the owner scope's crossing asks for a compaction
     if body.crossed:
         opened = await org.conn.fetchval(
             "INSERT INTO compaction_requests (org_id, session_id, opened_by, token_count, token_budget, opened_at) "
