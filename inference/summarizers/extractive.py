@@ -44,7 +44,7 @@ class ExtractiveSummarizer:
 
 def summarize(turns: Sequence[Turn]) -> str:
     """The summary text: one line per turn that keeps a sentence, ``role: sentences``."""
-    turns = [_with_speaker(t) for t in turns]
+    turns = [part for t in turns for part in _speaker_turns(t)]
     split = [sentences(t.content) for t in turns]
     keep = [[False] * len(s) for s in split]
     covered: set[Fact] = set()
@@ -65,11 +65,20 @@ def summarize(turns: Sequence[Turn]) -> str:
     return _render(turns, split, keep)
 
 
-def _with_speaker(turn: Turn) -> Turn:
-    """A turn without a role whose text starts with "Name: " is that speaker's."""
-    if turn.role or not (m := _SPEAKER.match(turn.content)):
-        return turn
-    return Turn(m.group(1), turn.content[m.end():])
+def _speaker_turns(turn: Turn) -> list[Turn]:
+    """A turn without a role whose lines start with "Name: " is those speakers' turns, one per
+    such line and the lines after it (a summary being summarised again keeps its lines)."""
+    if turn.role:
+        return [turn]
+    parts: list[Turn] = []
+    for line in turn.content.splitlines():
+        if m := _SPEAKER.match(line):
+            parts.append(Turn(m.group(1), line[m.end():]))
+        elif parts:
+            parts[-1] = Turn(parts[-1].role, f"{parts[-1].content}\n{line}")
+        else:
+            parts.append(Turn("", line))
+    return parts or [turn]
 
 
 def _terms(sentence: str) -> set[str]:

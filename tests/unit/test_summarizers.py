@@ -182,3 +182,12 @@ def test_a_turn_stored_with_its_speaker_keeps_the_speaker_on_its_line() -> None:
     assert lines[0] == "Caroline: I went to the support group on 7 May 2023."
     assert lines[1].startswith("Melanie: ") and "Boston" in lines[1] and "Wow" not in lines[1]
     assert retention([t.content for t in turns], "\n".join(lines)).score == 1.0
+
+
+def test_a_summary_summarised_again_keeps_a_line_per_speaker_turn() -> None:
+    first = summarize([Turn("user", "My order INV-2041 ships to Lisbon."), Turn("assistant", "Noted, on 7 May 2023."),
+                       Turn("user", "And 3 lamps to Porto.")])
+    again = summarize([Turn("", first), Turn("user", "Also a desk for Faro.")])
+    assert first.splitlines() == ["user: My order INV-2041 ships to Lisbon.", "assistant: Noted, on 7 May 2023.",
+                                  "user: And 3 lamps to Porto."]
+    assert again.splitlines() == [*first.splitlines(), "user: Also a desk for Faro."]
