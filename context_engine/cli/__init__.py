@@ -6,6 +6,7 @@ import typer
 
 from context_engine.cli.audit import audit
 from context_engine.cli.guardrail import guardrail_app
+from context_engine.cli.history import history
 from context_engine.cli.keys import keys_app
 from context_engine.cli.models import models_app
 from context_engine.cli.pii import pii_app
@@ -20,7 +21,7 @@ __all__ = ["app", "main"]
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Context Engine: event-sourced context and memory for LLM agents.")
 # `--help` lists the commands, then the groups, each in the order registered here.
-for command in (up, replay, verify, reindex, worker, audit):
+for command in (up, replay, verify, reindex, worker, audit, history):
     app.command()(command)
 app.add_typer(token_app, name="token")
 app.add_typer(serve_app, name="serve")
