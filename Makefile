@@ -22,7 +22,7 @@ install: $(VENV)/.base-installed
 install-dev: $(VENV)/.dev-installed
 
 up: install
-	$(VENV)/bin/context-engine up
+	$(VENV)/bin/context-engine up $(ARGS)
 
 test: install-dev
 	$(PY) proto/generate.py --check

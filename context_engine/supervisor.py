@@ -22,6 +22,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -126,6 +127,7 @@ class Stack:
 
     # -- start ---------------------------------------------------------------------------
     def start(self) -> dict[str, str]:
+        check_ports(self.settings)  # before anything starts: a taken port is named, not "api exited with 1"
         self.logs.mkdir(parents=True, exist_ok=True)
         keys = self.home / "keys"  # earlier releases made it 0755; closed to the engine's user here
         keys.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -326,6 +328,43 @@ def read_stack_file(home: Path) -> dict[str, str]:
         return {}
 
 
+def command_line() -> str:
+    """How to run `context-engine` from a shell, as this process was run: the entry point's
+    absolute path (a venv's bin is rarely on PATH), or the interpreter with -m."""
+    entry = Path(sys.argv[0])
+    if entry.name == "context-engine" and entry.exists():
+        return str(entry.resolve())
+    return f"{sys.executable} -m context_engine"
+
+
+class PortTaken(OSError):
+    pass
+
+
+def check_ports(settings: Settings) -> None:
+    """PortTaken naming the first port the stack would listen on that another process holds,
+    and the setting (and `up` option) that moves it."""
+    wanted: list[tuple[str, int, str, str, str | None]] = [
+        (settings.api_host, settings.api_port, "ContextEngine gRPC", "CONTEXT_ENGINE_API_PORT", "--api-port"),
+        (settings.detector_host, settings.detector_port, "ML detector gRPC", "CONTEXT_ENGINE_DETECTOR_PORT",
+         "--detector-port")]
+    if settings.metrics_port > 0:
+        wanted += [(settings.api_host, settings.metrics_port + i, "API metrics", "CONTEXT_ENGINE_METRICS_PORT",
+                    "--metrics-port") for i in range(settings.api_processes)]
+    if settings.worker_metrics_port > 0:
+        wanted.append((settings.api_host, settings.worker_metrics_port, "worker metrics",
+                       "CONTEXT_ENGINE_WORKER_METRICS_PORT", None))
+    for host, port, what, setting, option in wanted:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is free
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                moved = f"{setting}" + (f" or `up {option} PORT`" if option else "")
+                raise PortTaken(f"port {port} on {host} ({what}) is taken: {exc.strerror}; another process "
+                                f"listens there (an earlier stack?); stop it, or move the port with {moved}") from None
+
+
 class ChildDied(RuntimeError):
     def __init__(self, child: Child) -> None:
         super().__init__(f"{child.name} exited with {child.exited} during start-up; see {child.log_path}")
@@ -369,7 +408,7 @@ def run_stack(settings: Settings) -> int:
                       + (" (+1 per API process)" if settings.api_processes > 1 else ""))
         stack.say(f"ML detector      grpc://{settings.detector_address}  (upsquad.ml.v1.MLDetectorService)")
         stack.say(f"data directory   {settings.home_dir}")
-        stack.say("get a token:     context-engine token mint --org acme --clearance 2"
+        stack.say(f"get a token:     {command_line()} token mint --org acme --clearance 2"
                   f" --data-dir {settings.home_dir}")
         stack.say("Ctrl-C or SIGTERM stops everything")
         return stack.monitor()

@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -339,6 +340,10 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         # SERVING means the worker projects: writes sent at once are all acknowledged, none is
         # told to retry while the worker is still joining its consumer group.
         assert (home / "run" / "worker.ready").exists()
+        # The banner's token command runs as printed, from any directory (a venv's bin is not on PATH).
+        [hint] = [line.split("get a token:", 1)[1] for line in up.lines if "get a token:" in line]
+        printed = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=60, cwd="/")
+        assert printed.returncode == 0 and printed.stdout.strip().count(".") == 2, printed.stderr
         writer = mint(home, "--org", "acme", "--clearance", "1")
         assert ingest_at_once(up.api_port, writer, 6) == [grpc.StatusCode.OK] * 6
 
@@ -398,6 +403,23 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
     output = up.finish()
     assert up.proc.returncode == 0, output
     assert not [pid for pid in tree if alive(pid)], output
+
+
+def test_up_names_a_taken_port_and_the_setting_that_moves_it(service_tmp_path):
+    home = service_tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        ran = subprocess.run([sys.executable, "-m", "context_engine", "up", "--data-dir", str(home), "--api-port",
+                              str(port), "--detector-port", str(free_port()), "--metrics-port", "0"],
+                             capture_output=True, text=True, timeout=120, env=env)
+    out = ran.stdout + ran.stderr
+    assert ran.returncode == 1, out
+    assert f"port {port} on 127.0.0.1 (ContextEngine gRPC) is taken" in out, out
+    assert "CONTEXT_ENGINE_API_PORT" in out and "--api-port" in out
+    assert not (home / "postgres").exists()  # refused before anything started
 
 
 def _answers_metrics(port: int) -> bool:
