@@ -35,6 +35,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from context_engine.auth import ensure_dev_key, ensure_secret
+from context_engine.capabilities import degraded_capabilities
 from context_engine.config import ENV_PREFIX, Settings
 from context_engine.embedded.process import child_preexec
 from context_engine.guardrails.signing import ensure_signing_key, operator_key_path
@@ -181,7 +182,8 @@ class Stack:
         asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(self.settings).partitions,
                                   security=client_security(self.settings)))
 
-        write_stack_file(self.home, database_url, bootstrap)
+        write_stack_file(self.home, database_url, bootstrap, api_address=self.settings.api_address,
+                         detector_address=self.settings.detector_address)
         readiness.clear(self.home)  # SERVING waits for this worker's word, not an earlier one's
         env[readiness.HEALTH_FOLLOWS_WORKER_ENV] = "1"  # the API's health: NOT_SERVING while no worker projects
         self.env = env
@@ -203,7 +205,7 @@ class Stack:
         # the worker has joined its group (streams/readiness.py), and so does the API's health.
         self._wait_for(lambda: readiness.is_ready(self.home), deadline, "the worker not projecting", "worker")
         for name, address in (("api", self.settings.api_address), ("detector", self.settings.detector_address)):
-            self._wait_for(lambda address=address: _serving(address), deadline,
+            self._wait_for(lambda address=address: is_serving(address), deadline,
                            f"{name} not SERVING at {address}", name)
 
     def _wait_for(self, condition, deadline: float, failure: str, log_name: str) -> None:
@@ -305,9 +307,11 @@ def stack_file(home: Path) -> Path:
     return home / "run" / "stack.json"
 
 
-def write_stack_file(home: Path, database_url: str, bootstrap: str) -> None:
-    """Where the running stack's PostgreSQL and broker are, for CLI commands (replay, verify…)
-    run beside it: `context-engine verify --data-dir DIR` then needs no other option."""
+def write_stack_file(home: Path, database_url: str, bootstrap: str, *, api_address: str = "",
+                     detector_address: str = "") -> None:
+    """Where the running stack's PostgreSQL, broker, API and detector are, for CLI commands
+    (replay, verify, status…) run beside it: `context-engine verify --data-dir DIR` then needs no
+    other option."""
     path = stack_file(home)
     path.parent.mkdir(parents=True, exist_ok=True)
     # 0600: the URL carries the admin's password. A new file replaces one an earlier release
@@ -317,7 +321,8 @@ def write_stack_file(home: Path, database_url: str, bootstrap: str) -> None:
         tmp.unlink()  # O_CREAT keeps the mode of a file already there
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps({"database_url": database_url, "kafka_bootstrap": bootstrap}))
+        f.write(json.dumps({"database_url": database_url, "kafka_bootstrap": bootstrap, "api_address": api_address,
+                            "detector_address": detector_address}))
     os.replace(tmp, path)
 
 
@@ -370,10 +375,11 @@ class ChildDied(RuntimeError):
         super().__init__(f"{child.name} exited with {child.exited} during start-up; see {child.log_path}")
 
 
-def _serving(address: str) -> bool:
+def is_serving(address: str, service: str = "") -> bool:
+    """Whether the gRPC health of `service` (the server's own: "") at `address` is SERVING."""
     try:
         with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
                                                              timeout=0.5)
         return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:
@@ -410,6 +416,8 @@ def run_stack(settings: Settings) -> int:
         stack.say(f"data directory   {settings.home_dir}")
         stack.say(f"get a token:     {command_line()} token mint --org acme --clearance 2"
                   f" --data-dir {settings.home_dir}")
+        for line in degraded_capabilities(settings, command_line()):
+            stack.say(f"degraded: {line}")
         stack.say("Ctrl-C or SIGTERM stops everything")
         return stack.monitor()
     except (ChildDied, TimeoutError, InterruptedError, OSError, RuntimeError) as exc:

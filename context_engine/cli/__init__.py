@@ -14,6 +14,7 @@ from context_engine.cli.processes import serve_app, up, worker
 from context_engine.cli.reindex import reindex
 from context_engine.cli.replay import replay, verify
 from context_engine.cli.stats import stats_app
+from context_engine.cli.status import status
 from context_engine.cli.token import token_app
 
 __all__ = ["app", "main"]
@@ -21,7 +22,7 @@ __all__ = ["app", "main"]
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Context Engine: event-sourced context and memory for LLM agents.")
 # `--help` lists the commands, then the groups, each in the order registered here.
-for command in (up, replay, verify, reindex, worker, audit, history):
+for command in (up, status, replay, verify, reindex, worker, audit, history):
     app.command()(command)
 app.add_typer(token_app, name="token")
 app.add_typer(serve_app, name="serve")

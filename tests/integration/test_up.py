@@ -115,6 +115,7 @@ class Up:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
         if "--metrics-port" not in options:
             options = (*options, "--metrics-port", "0")
+        self.env = env
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "context_engine", "up", "--data-dir", str(home),
              "--api-port", str(self.api_port), "--detector-port", str(self.detector_port), *options],
@@ -344,6 +345,23 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         [hint] = [line.split("get a token:", 1)[1] for line in up.lines if "get a token:" in line]
         printed = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=60, cwd="/")
         assert printed.returncode == 0 and printed.stdout.strip().count(".") == 2, printed.stderr
+        # No weights here: the banner says what is off, and the command that turns it on.
+        degraded = [line for line in up.lines if "degraded:" in line]
+        assert len(degraded) == 2, degraded
+        assert "memory pushes are quarantined" in degraded[0] and "models import gliner --from DIR" in degraded[0]
+        assert "Classify answers UNAVAILABLE" in degraded[1] and "models import prompt-guard" in degraded[1]
+        # `status` says the same, and what runs and what is owed.
+        ran = subprocess.run([sys.executable, "-m", "context_engine", "status", "--data-dir", str(home), "--json"],
+                             capture_output=True, text=True, timeout=60, env=up.env)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        report = json.loads(ran.stdout)
+        assert report["api"] == {"address": f"127.0.0.1:{up.api_port}", "serving": True}
+        assert report["detector"]["serving"] and not any(report["detector"]["models_serving"].values())
+        assert report["worker"] == {"projecting": True}
+        assert [line.split(":")[0] for line in report["degraded"]] == [d.split("degraded: ")[1].split(":")[0]
+                                                                       for d in degraded]
+        assert set(report["backlog"]) >= {"chunks_without_vector", "pii_scans_pending", "compaction_requests_open"}
+        assert all(isinstance(v, int) and v >= 0 for v in report["backlog"].values())
         writer = mint(home, "--org", "acme", "--clearance", "1")
         assert ingest_at_once(up.api_port, writer, 6) == [grpc.StatusCode.OK] * 6
 
@@ -420,6 +438,9 @@ def test_up_names_a_taken_port_and_the_setting_that_moves_it(service_tmp_path):
     assert f"port {port} on 127.0.0.1 (ContextEngine gRPC) is taken" in out, out
     assert "CONTEXT_ENGINE_API_PORT" in out and "--api-port" in out
     assert not (home / "postgres").exists()  # refused before anything started
+    ran = subprocess.run([sys.executable, "-m", "context_engine", "status", "--data-dir", str(home)],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert ran.returncode == 1 and "no stack runs in" in ran.stderr, ran.stdout + ran.stderr
 
 
 def _answers_metrics(port: int) -> bool:

@@ -1,0 +1,31 @@
+"""What a stack cannot do yet, and the command that fixes each: `up`'s banner and
+`context-engine status` say it in one line each (docs/operations.md)."""
+
+from __future__ import annotations
+
+import os
+
+from context_engine.config import ENV_PREFIX, Settings
+
+
+def degraded_capabilities(settings: Settings, command: str) -> list[str]:
+    """One line per capability that is off, from what is installed in the data directory.
+    `command`: how to run `context-engine` from a shell (supervisor.command_line)."""
+    from inference.detector.importer import model_status
+    from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME, DetectorSettings
+
+    # The detector reads its models from <home>/models unless a setting says otherwise.
+    detector = (DetectorSettings() if f"{ENV_PREFIX}DETECTOR_MODELS_DIR" in os.environ
+                else DetectorSettings(models_dir=settings.home_dir / "models"))
+    installed = {row["model"]: row["installed"] for row in model_status(
+        [(PROMPT_GUARD_NAME, detector.prompt_guard_path), (GLINER_NAME, detector.gliner_path)])}
+    lines = []
+    if not installed[GLINER_NAME]:
+        lines.append(f"memory pushes are quarantined (kept, never searched or assembled): no PII model in "
+                     f"{detector.gliner_path} — {command} models import gliner --from DIR, then {command} pii "
+                     "rescan (docs/pii.md)")
+    if not installed[PROMPT_GUARD_NAME]:
+        lines.append(f"MLDetectorService.Classify answers UNAVAILABLE: no Prompt-Guard model in "
+                     f"{detector.prompt_guard_path} — {command} models import prompt-guard --from DIR "
+                     "(docs/detector.md)")
+    return lines
