@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from context_engine.cli.audit import audit
+from context_engine.cli.call import call
 from context_engine.cli.guardrail import guardrail_app
 from context_engine.cli.history import history
 from context_engine.cli.keys import keys_app
@@ -22,7 +23,7 @@ __all__ = ["app", "main"]
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Context Engine: event-sourced context and memory for LLM agents.")
 # `--help` lists the commands, then the groups, each in the order registered here.
-for command in (up, status, replay, verify, reindex, worker, audit, history):
+for command in (up, status, call, history, replay, verify, reindex, worker, audit):
     app.command()(command)
 app.add_typer(token_app, name="token")
 app.add_typer(serve_app, name="serve")
