@@ -38,6 +38,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from context_engine.config import Settings
 from context_engine.guardrails.trust import load_trust
+from context_engine.logs import logging_config
 from context_engine.metrics import serve_metrics
 from streams.agents.audit import register_audit_writer
 from streams.agents.compaction import register_compaction_worker
@@ -144,7 +145,8 @@ def run_worker(settings: Settings, bootstrap: str) -> None:
     asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(settings).partitions,
                               security=client_security(settings)))
     app = create_app(settings, bootstrap)
-    worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True)
+    worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True,
+                          logging_config=logging_config(settings.log_level, process="worker"))
     # Faust's terminal spinner: at WARNING or above it sets the root logger to DEBUG so that every
     # record turns it, and then every debug call of aiokafka and Faust builds a LogRecord (5 % of
     # the worker's event loop under ingest load, py-spy). A supervised worker has no terminal.

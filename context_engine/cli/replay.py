@@ -15,7 +15,7 @@ from context_engine.config import Settings, required
 def _progress(description: str):
     from tqdm import tqdm
 
-    bar = tqdm(desc=description, unit="event", unit_scale=True)
+    bar = tqdm(desc=description, unit="event")  # whole events: unit_scale printed 0.00/49.0
 
     def set_total(total: int) -> None:
         bar.total = total

@@ -428,6 +428,15 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
     assert up.proc.returncode == 0, output
     assert "stopped" in output
     assert not [pid for pid in tree if alive(pid)], output
+    # Every process we run logs one JSON object per line, Faust's and aiokafka's records included
+    # (the broker's log is tansu's own).
+    for log in ("worker.log", "api-0.log", "api-1.log", "detector.log"):
+        lines = (home / "logs" / log).read_text().splitlines()
+        assert lines, log
+        records = [json.loads(line) for line in lines]  # raises on a line that is not JSON
+        assert all(isinstance(r, dict) and "process" in r and "event" in r for r in records), log
+    assert any(r.get("logger", "").startswith(("faust", "mode", "aiokafka"))
+               for r in map(json.loads, (home / "logs" / "worker.log").read_text().splitlines()))
 
     # Second run on the same directory: same key, same database.
     up = Up(home)
