@@ -398,7 +398,8 @@ def run_stack(settings: Settings) -> int:
     stack = Stack(settings)
 
     def on_signal(signum, _frame):
-        stack.say(f"{signal.Signals(signum).name} received")
+        if not stack.stopping.is_set():  # a second signal (make's and the shell's) changes nothing
+            stack.say(f"{signal.Signals(signum).name} received")
         stack.stopping.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
