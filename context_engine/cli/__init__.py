@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import traceback
+
 import typer
 
 from context_engine.cli.audit import audit
@@ -35,4 +40,26 @@ app.add_typer(keys_app, name="keys")
 
 
 def main() -> None:
-    app()
+    """Run the app; an error that escapes a command is one line on stderr, with its reason code
+    and a hint, and exit 1 (the traceback with CONTEXT_ENGINE_LOG_LEVEL=DEBUG, and in a service
+    process's JSON log as its `exception` field)."""
+    try:
+        app()
+    except Exception as exc:  # click's own usage errors and exits never get here
+        if logging.root.handlers:  # a service process (configure_logging): its JSON log keeps the traceback
+            logging.getLogger("context_engine").exception("process failed")
+        reason = getattr(exc, "reason", None)
+        hint = _hint(exc)
+        print(f"error: {type(exc).__name__}: {exc}" + (f" (reason {reason})" if reason else "")
+              + (f"; {hint}" if hint else ""), file=sys.stderr)
+        if os.environ.get("CONTEXT_ENGINE_LOG_LEVEL", "").upper() == "DEBUG":
+            traceback.print_exc()
+        else:
+            print("(the traceback: set CONTEXT_ENGINE_LOG_LEVEL=DEBUG)", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _hint(exc: Exception) -> str:
+    if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__module__.startswith(("asyncpg", "aiokafka")):
+        return "is the stack running, and are its database and broker where the settings say? (context-engine status)"
+    return ""
