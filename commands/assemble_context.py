@@ -297,7 +297,7 @@ async def _compaction_trigger(deps: Deps, principal: Principal, cmd: AssembleCon
     """Record a crossing of the compaction threshold, which asks the worker to compact the session:
     only the owner scope's own calls do, as only it may compact the session (visibility.may_rewrite);
     a grantee's or a scope below the owner's assembly never rewrites what the owner's readers see."""
-    if reads.owner_path is None or not may_rewrite(Scope(*reads.owner_path.split("/")), principal.scope):
+    if reads.owner_path is None or not may_rewrite(Scope.from_path(reads.owner_path), principal.scope):
         return
     session_tokens = reads.session_tokens
     crossed = session_tokens > deps.settings.compaction_threshold * cmd.token_budget

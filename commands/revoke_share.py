@@ -35,7 +35,7 @@ class Revoked:
 
 def may_revoke(grant: share_grants.Grant, principal: Principal) -> bool:
     """The creator, or (at L3+, checked by the caller) the grantor's scope or an ancestor's."""
-    grantor = Scope(*grant.grantor_path.split("/"))
+    grantor = Scope.from_path(grant.grantor_path)
     return principal.subject == grant.created_by or grantor.is_within(principal.scope)
 
 

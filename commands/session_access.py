@@ -19,7 +19,7 @@ from projections.database import org_transaction
 
 
 def owner_scope(session) -> Scope:
-    return Scope(*session.scope_path.split("/"))
+    return Scope.from_path(session.scope_path)
 
 
 def require_readable(session, caller: Scope, session_id: str):

@@ -17,8 +17,7 @@ def degraded_capabilities(settings: Settings, command: str) -> list[str]:
     # The detector reads its models from <home>/models unless a setting says otherwise.
     detector = (DetectorSettings() if f"{ENV_PREFIX}DETECTOR_MODELS_DIR" in os.environ
                 else DetectorSettings(models_dir=settings.home_dir / "models"))
-    installed = {row["model"]: row["installed"] for row in model_status(
-        [(PROMPT_GUARD_NAME, detector.prompt_guard_path), (GLINER_NAME, detector.gliner_path)])}
+    installed = {row["model"]: row["installed"] for row in model_status(detector.model_paths)}
     lines = []
     if not installed[GLINER_NAME]:
         lines.append(f"memory pushes are quarantined (kept, never searched or assembled): no PII model in "

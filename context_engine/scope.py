@@ -59,6 +59,11 @@ class Scope:
         """Stable textual form, e.g. 'acme/sales/emea/bot-7'; the unit of ownership in read models."""
         return "/".join(self.ids)
 
+    @classmethod
+    def from_path(cls, path: str) -> Scope:
+        """The scope of a `path` the engine stored (a read model's scope_path): not validated again."""
+        return cls(*path.split("/"))
+
     def ancestors(self) -> list[Scope]:
         """Own scope and every ancestor, root first: what this caller may see by ownership."""
         ids = self.ids

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from projections.database import org_transaction
+from projections.database import SYSTEM_ORG, org_transaction
 
 # The actor of the compactions the worker writes (the RPC's are the caller's subject).
 WORKER_ACTOR = "compaction-worker"
@@ -70,7 +70,7 @@ class CompactionStats:
 async def compaction_stats(pool: asyncpg.Pool, org_id: str | None = None) -> list[CompactionStats]:
     """Per org (every org when `org_id` is None): the requests and how they closed, and the
     compactions applied, by whom, their tokens and scores."""
-    async with org_transaction(pool, org_id or "_system", readonly=True) as conn:
+    async with org_transaction(pool, org_id or SYSTEM_ORG, readonly=True) as conn:
         rows = await conn.fetch(_STATS, org_id, WORKER_ACTOR)
     return [CompactionStats(r["org_id"], r["opened"], r["open"], r["compacted"], r["rolled_back"], r["below"],
                             r["compactions"], r["by_worker"], r["original_tokens"], r["compacted_tokens"],

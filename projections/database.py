@@ -116,6 +116,11 @@ async def advisory_lock(conn: asyncpg.Connection, key: int) -> AsyncIterator[Non
         await conn.execute("SELECT pg_advisory_unlock($1)", key)
 
 
+# The app.org_id of reads across orgs: the system policies (migration 0016) open every org's rows
+# under it, to members of context_engine_system only; no org id can start with '_'.
+SYSTEM_ORG = "_system"
+
+
 @asynccontextmanager
 async def org_transaction(pool: asyncpg.Pool, org_id: str, *, readonly: bool = False, snapshot: bool = False,
                           local: Mapping[str, str] | None = None) -> AsyncIterator[asyncpg.Connection]:

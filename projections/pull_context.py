@@ -36,7 +36,7 @@ async def read_memory(conn: asyncpg.Connection, org: str, agent_id: str, session
         if snapshot is None and (shared := await queries.shared_snapshot_by_name(conn, org, session_id,
                                                                                   snapshot_name, visible)):
             snapshot, share_id = shared
-            visible = Visibility.of(Scope(*snapshot.scope_path.split("/")))  # as its creator saw it
+            visible = Visibility.of(Scope.from_path(snapshot.scope_path))  # as its creator saw it
         memory = None if snapshot is None else await queries.snapshot_memory(conn, org, snapshot, agent_id, visible)
         if snapshot is None or memory is None:
             raise NotFound(f"no snapshot {snapshot_name!r} holding memory of agent "

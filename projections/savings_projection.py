@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from projections.database import org_transaction
+from projections.database import SYSTEM_ORG, org_transaction
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ async def apply_samples(pool: asyncpg.Pool, samples: Sequence[Sample]) -> int:
 
 async def savings(pool: asyncpg.Pool, org_id: str | None = None) -> list[Savings]:
     """Per org and model; every org when `org_id` is None (the `_system` reporting policy)."""
-    async with org_transaction(pool, org_id or "_system", readonly=True) as conn:
+    async with org_transaction(pool, org_id or SYSTEM_ORG, readonly=True) as conn:
         rows = await conn.fetch(
             "SELECT org_id, model_id, samples, assembled_tokens, naive_tokens FROM savings_by_model "
             "WHERE ($1::text IS NULL OR org_id = $1) ORDER BY org_id, model_id", org_id)

@@ -38,11 +38,10 @@ from inference.compaction import STRATEGIES, plan_sliding_window
 from inference.summarizers import Summarizer
 from projections import compaction_reads, queries
 from projections.compaction_reads import WORKER_ACTOR
-from projections.database import org_transaction
+from projections.database import SYSTEM_ORG, org_transaction
 
 log = structlog.get_logger("context_engine.compaction")
 
-SYSTEM_ORG = "_system"
 HANDLED_MESSAGES = 100_000  # message ids remembered against redelivery
 VERDICT_POLL_S = 0.05
 PLAN_ATTEMPTS = 3
@@ -134,7 +133,7 @@ class CompactionWorker:
             if exc.reason.lower() in SETTLED_REFUSALS:
                 self.settled.add(request)
             return exc.reason.lower()
-        owner = Scope(*session.scope_path.split("/"))
+        owner = Scope.from_path(session.scope_path)
         event = Event.of(plan.event_body(session.version, "sliding_window", self.summarizer.name),
                          scope=owner, actor=WORKER_ACTOR, aggregate=SessionRef(org_id, session_id).aggregate)
         await self.send(event)

@@ -32,12 +32,11 @@ from context_engine.scope import Scope
 from inference.embedder import Embedder
 from projections import embedding_backlog
 from projections.chunk_projection import vector_to_b64
-from projections.database import org_transaction
+from projections.database import SYSTEM_ORG, org_transaction
 
 log = structlog.get_logger("context_engine.embedding")
 
 ACTOR = "embedding-pipeline"
-SYSTEM_ORG = "_system"
 
 SendEvent = Callable[[Event], Awaitable[None]]
 

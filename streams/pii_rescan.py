@@ -18,12 +18,10 @@ import asyncpg
 
 from context_engine.scope import Scope
 from projections import pii_scan_state
-from projections.database import org_transaction
+from projections.database import SYSTEM_ORG, org_transaction
 from streams.jobs import pii_scan_job, publish
 from streams.record_auth import RecordSigner
 from streams.topics import LogTopics
-
-SYSTEM_ORG = "_system"
 
 
 @dataclass(frozen=True)

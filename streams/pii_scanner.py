@@ -28,12 +28,11 @@ from context_engine.events import Event, MemoryPushed, MemoryScrubbed, content_b
 from inference import pii_scrub
 from inference.pii_client import PiiClient
 from projections import archive_reads, pii_scan_state
-from projections.database import org_transaction
+from projections.database import SYSTEM_ORG, org_transaction
 
 log = structlog.get_logger("context_engine.pii")
 
 ACTOR = "pii-scanner"
-SYSTEM_ORG = "_system"
 STATUS_OF_SCRUB = {"clean": "clear", "redacted": "clear", "quarantined": "quarantined"}
 
 SendEvent = Callable[[Event], Awaitable[None]]

@@ -38,12 +38,12 @@ from context_engine.events import GUARDRAIL_PUBLISHED
 from context_engine.hashing import sha256_hex
 from projections import archive_reads, bulk_load, db_admin, verification
 from projections.chunk_projection import BulkLoad
-from projections.database import create_pool
+from projections.database import SYSTEM_ORG, create_pool
 from projections.deferred_indexing import requested_sources
 from projections.guardrail_projection import refused_on_the_log
 from projections.migrate import migrate
 from projections.projector.batch import apply_batch
-from projections.projector.rejections import SYSTEM_ORG, claimed_identity
+from projections.projector.rejections import claimed_identity
 from projections.records import LogRecord
 from streams.record_auth import RecordVerifier
 

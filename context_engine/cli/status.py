@@ -20,9 +20,10 @@ def status(
     capabilities with the command that fixes each, and its backlog of embeddings, indexing, PII
     scans and compactions. Exit 1 if no stack runs there."""
     from context_engine.capabilities import degraded_capabilities
-    from context_engine.cli.settings import admin_pool, command_settings
+    from context_engine.cli.settings import admin_pool, command_settings, stack_settings
     from context_engine.supervisor import command_line, is_serving, read_stack_file
-    from projections.database import org_transaction
+    from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
+    from projections.database import SYSTEM_ORG, org_transaction
     from projections.stack_backlog import backlog
     from streams import readiness
 
@@ -32,9 +33,9 @@ def status(
         typer.echo(f"no stack runs in {settings.home_dir} (no run/stack.json): start one with "
                    f"{command_line()} up --data-dir {settings.home_dir}", err=True)
         raise typer.Exit(1)
+    settings = stack_settings(data_dir)  # its database, as every command run beside a stack finds it
     api = running.get("api_address") or settings.api_address
     detector = running.get("detector_address") or settings.detector_address
-    from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
 
     serving = {"api": is_serving(api), "detector": is_serving(detector),
                "worker": readiness.is_ready(settings.home_dir)}
@@ -42,8 +43,7 @@ def status(
 
     async def owed() -> dict[str, int] | str:
         try:
-            async with admin_pool(settings.model_copy(update={"database_url": running["database_url"]})) as pool, \
-                    org_transaction(pool, "_system", readonly=True) as conn:
+            async with admin_pool(settings) as pool, org_transaction(pool, SYSTEM_ORG, readonly=True) as conn:
                 return await backlog(conn)
         except Exception as exc:  # the database is down: say so, the rest still holds
             return f"unreadable: {type(exc).__name__}: {exc}"

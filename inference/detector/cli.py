@@ -98,8 +98,5 @@ def status(models_dir: ModelsDir = None) -> None:
     from inference.detector.settings import DetectorSettings
 
     settings = DetectorSettings(models_dir=models_dir) if models_dir else DetectorSettings()
-    from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
-
-    for row in model_status([(PROMPT_GUARD_NAME, settings.prompt_guard_path),
-                             (GLINER_NAME, settings.gliner_path)]):
+    for row in model_status(settings.model_paths):
         typer.echo(json.dumps(row))

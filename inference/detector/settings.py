@@ -153,5 +153,10 @@ class DetectorSettings(BaseSettings):
             return self.gliner_dir.expanduser().resolve()
         return self.models_root / GLINER_NAME
 
+    @property
+    def model_paths(self) -> list[tuple[str, pathlib.Path]]:
+        """(name, directory) of every model the service loads."""
+        return [(PROMPT_GUARD_NAME, self.prompt_guard_path), (GLINER_NAME, self.gliner_path)]
+
     def thresholds_for(self, tenant_id: str) -> Thresholds:
         return self.tenant_thresholds.get(tenant_id, self.default_thresholds)

@@ -34,7 +34,7 @@ from context_engine.hashing import sha256_hex
 from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
 from context_engine.scope import Scope
 from projections.chunk_projection import BulkLoad
-from projections.database import require_standard_strings, set_config_sql, sql_literal
+from projections.database import SYSTEM_ORG, require_standard_strings, set_config_sql, sql_literal
 from projections.guardrail_projection import refuse_layers
 from projections.records import LogRecord
 
@@ -43,7 +43,7 @@ from .archive import archive, decode_record
 from .job_requests import EmbedChunks, IndexSource
 from .org_applier import OrgApplier
 from .outcome import Applied, Outcome, ProjectionError, applied, session_id_of, where
-from .rejections import SYSTEM_ORG, Rejection, is_infrastructure_failure, rejection, set_aside
+from .rejections import Rejection, is_infrastructure_failure, rejection, set_aside
 
 log = structlog.get_logger("context_engine.projector")
 

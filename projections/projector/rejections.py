@@ -13,13 +13,12 @@ from context_engine.errors import unavailable_cause
 from context_engine.events import Event
 from context_engine.hashing import sha256_hex
 from context_engine.validation import is_canonical_uuid, is_identifier
-from projections.database import set_config_sql
+from projections.database import SYSTEM_ORG, set_config_sql
 from projections.records import LogRecord
 
 from .outcome import Applied, Outcome, session_id_of
 from .rows import columns
 
-SYSTEM_ORG = "_system"
 MAX_REASON_CHARS = 500
 
 
