@@ -11,6 +11,7 @@ retrieval. The retrieval depth's constants are the retrieval recipe's (projectio
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import random
 from dataclasses import dataclass, field
@@ -31,13 +32,13 @@ from context_engine.metrics import timed
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility, may_rewrite
 from inference import tokens
-from projections import corpus_totals, session_reads
+from projections import corpus_totals, session_reads, turn_labels
 from projections.database import org_transaction
 from projections.prompt_packing import Block, Packed, pack
 from projections.pull_context import await_scan
 from projections.retrieval.outcome import MAX_TOP_K, Outcome
 from projections.retrieval.recipe import MIN_RETRIEVAL_DEPTH, RETRIEVAL_OVERSHOOT, TOKENS_PER_RETRIEVED_CHUNK
-from projections.search import MAX_QUERY_BYTES, SearchOutcome, SearchQuery, search
+from projections.search import MAX_QUERY_BYTES, ChunkHit, SearchOutcome, SearchQuery, search
 from projections.session_reads import MUST_INCLUDE_HINT, PINNED_HINT, SessionReads
 from streams.jobs import baseline_metric
 from streams.topics import LogTopics
@@ -127,8 +128,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
             reads = await _read_session(deps, principal, cmd, pinned_ids, required_keys)
         with timed("assemble", "retrieval_wait"):
             retrieval, failure = await retrieval_task
-    retrieved = [Block("retrieved", s.payload.content, key=s.chunk_id, score=s.score,
-                       source=s.payload.source_event_id)
+    retrieved = [_retrieved_block(s.payload, s.score, cmd.session_id)
                  for s in (retrieval.result.results if retrieval else ())]
 
     def count(text: str) -> int:
@@ -150,7 +150,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     with timed("assemble", "chunk_ids"):
         chunk_ids = await _chunk_ids(deps, org, visible, packed)
     _audit_shared(deps, principal, packed, {**(retrieval.shared if retrieval else {}), **reads.pinned_shares})
-    quality = _quality(retrieval, failure, packed, floor)
+    quality = _quality(retrieval, failure, packed, retrieved, floor)
     baseline = 0
     if random.random() < deps.settings.tenant_sample_rate(org):
         with timed("assemble", "baseline"):
@@ -195,6 +195,19 @@ async def _read_session(deps: Deps, principal: Principal, cmd: AssembleContext, 
         raise
 
 
+def _retrieved_block(hit: ChunkHit, score: float, session_id: str) -> Block:
+    """A retrieved chunk with its speaker and time; its time label says where it is from when
+    that is not this session: another session, or pushed memory."""
+    time = turn_labels.turn_time(hit.metadata, hit.created_at)
+    if hit.source_kind == "memory":
+        time = f"{time}, memory"
+    elif hit.session_id != session_id:
+        time = f"{time}, session {hit.session_id}"
+    return Block("retrieved", turn_labels.with_speaker(hit.content, hit.metadata), key=hit.chunk_id, score=score,
+                 source=hit.source_event_id, time=time,
+                 at=(hit.created_at.astimezone(dt.UTC).isoformat(), hit.source_event_id, hit.chunk_index))
+
+
 def _audit_shared(deps: Deps, principal: Principal, packed: Packed, shared: dict[str, str]) -> None:
     """An audited use of each chunk in the prompt that came through a grant."""
     for b in packed.blocks:
@@ -203,11 +216,11 @@ def _audit_shared(deps: Deps, principal: Principal, packed: Packed, shared: dict
 
 
 def _history_exhausted(packed: Packed, history: list[Block]) -> bool:
-    """Whether packing used up every history turn it was given (each is in the prompt or was left
-    out as the source of a retrieved chunk there): then older turns might have fit too."""
+    """Whether packing used up every history turn it was given (each is in the prompt, or left
+    out as pinned or required there): then older turns might have fit too."""
     in_prompt = {b.key for b in packed.blocks if b.kind == "history"}
-    retrieved_sources = {b.source for b in packed.blocks if b.kind == "retrieved" and b.source}
-    return all(b.key in in_prompt or b.source in retrieved_sources for b in history)
+    elsewhere = {b.source for b in packed.blocks if b.kind in ("pinned", "required") and b.source}
+    return all(b.key in in_prompt or b.source in elsewhere for b in history)
 
 
 def retrieval_depth(token_budget: int, corpus_tokens: int, corpus_chunks: int) -> int:
@@ -244,11 +257,16 @@ async def _retrieve(deps: Deps, scope, visible: Visibility, task: str, floor: fl
         return None, f"retrieval failed: {type(exc).__name__}: {exc}"
 
 
-def _quality(retrieval: SearchOutcome | None, failure: str, packed: Packed, floor: float) -> Quality:
+def _quality(retrieval: SearchOutcome | None, failure: str, packed: Packed, retrieved: list[Block],
+             floor: float) -> Quality:
+    """The attestation; a retrieved chunk counts as included when it is in the prompt, in the
+    retrieved section or as part of its turn in the recent conversation (prompt_packing.py)."""
     if retrieval is None:
         return Quality(0.0, False, True, failure, Outcome.UNSPECIFIED, floor, 0)
     r = retrieval.result
-    included = [b.score for b in packed.blocks if b.kind == "retrieved" and b.score is not None]
+    in_prompt = {b.key for b in packed.blocks if b.kind == "retrieved"}
+    history = {b.source for b in packed.blocks if b.kind == "history"}
+    included = [b.score for b in retrieved if b.score is not None and (b.key in in_prompt or b.source in history)]
     confidence = sum(included) / len(included) if included else 0.0
     if r.outcome in (Outcome.NO_RESULTS, Outcome.BELOW_THRESHOLD):
         used, reason = True, r.outcome_name

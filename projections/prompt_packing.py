@@ -6,35 +6,42 @@ Layout (ARCHITECTURE.md section 8), blocks separated by a blank line:
     ## Pinned context  <pinned chunks>               (only when there are pinned chunks)
     ---------------------------------------------  end of the stable prefix (cache_prefix_bytes)
     ## Required context  <must_include items>
-    ## Retrieved context  <retrieved chunks, best first>
+    ## Retrieved context  <retrieved chunks, oldest first>
     ## Recent conversation  <session history, oldest first>
 
 The stable prefix ends with the separator, so its bytes are the same whatever tail follows it.
-Sections with no block are left out with their heading.
+Sections with no block are left out with their heading. In the tail a turn carries its time
+(`Block.time`, projections/turn_labels.py): `[time]` opens the first turn of each run of turns
+with the same time label, so a conversation reads as dated runs of `speaker: text` lines.
 
 Budget (tokens of the whole prompt with the target model's encoding), by priority:
 1. layers: if they alone exceed the budget, `BudgetError` naming them; nothing is assembled;
 2. pinned chunks, then must_include items: all of them or `BudgetError` (they were asked for);
 3. retrieved chunks by score: each that fits is taken, one that does not is skipped;
 4. history newest first: taken while it fits, stopping at the first that does not (a contiguous
-   recent window), then put back in chronological order. A turn already in the prompt as a
-   retrieved chunk is not repeated.
-A block costs the tokens of its text with the separator after it: the encoders split before a
-block's first character, and a separator after punctuation merges into it (cl100k: ".\n\n" is one
-token), so these costs add up to the prompt's count in the common case (counting the separator
-apart over-counted ~1 token a block, ~95 at a 4,000-token budget, which the fill below then
-recovered with a count of the whole prompt per block). The final prompt is counted once more
-and, if the encoder merged differently across a boundary, the lowest-priority block is dropped
-until it fits; what is left is filled in the same priority order, each addition checked by a
-count of the whole prompt.
+   recent window), then put back in chronological order.
+Each chunk and turn is in the prompt once: a pinned chunk is not retrieved again nor its turn
+shown in history, a required turn or memory is neither, and a retrieved turn that the recent window reaches moves
+there, in its place (the budget its chunks took pays for it), so the recent conversation has no
+gaps and the retrieved section holds what is older than it, or elsewhere.
+A block costs the tokens of its text with the separator after it (and its time header if it is
+the first of its time): the encoders split before a block's first character, and a separator
+after punctuation merges into it (cl100k: ".\n\n" is one token), so these costs add up to the
+prompt's count in the common case (counting the separator apart over-counted ~1 token a block,
+~95 at a 4,000-token budget, which the fill below then recovered with a count of the whole
+prompt per block). The final prompt is counted once more and, if the encoder merged differently
+across a boundary, the lowest-priority block is dropped until it fits; what is left is filled in
+the same priority order, each addition checked by a count of the whole prompt.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from context_engine.errors import InvalidArgument
+from projections.turn_labels import header
 
 SEPARATOR = "\n\n"
 HEADINGS = {
@@ -47,6 +54,8 @@ TAIL_ORDER = ("required", "retrieved", "history")
 # A block whose estimated cost is over the slack by more than this is not tried in the fill: one
 # token for the trailing separator `used` counts, one for a merge across the block's boundary.
 FILL_TOLERANCE = 2
+# Windows of recent history whose estimate is just over the budget that are counted for real.
+WINDOW_RECOUNTS = 2
 
 Count = Callable[[str], int]
 
@@ -57,7 +66,9 @@ class Block:
     text: str
     key: str = ""  # chunk id, event id, layer level...: identity within its kind
     score: float | None = None  # retrieved blocks: the fused retrieval score
-    source: str = ""  # the event the text came from: a turn already retrieved is not repeated
+    source: str = ""  # the event the text came from: each source is in the prompt once
+    time: str = ""  # a turn's time label (turn_labels.py); its header opens a run of this time in the tail
+    at: tuple[str, str, int] = ("", "", 0)  # retrieved blocks: chronological order (time, source, chunk)
 
 
 @dataclass(frozen=True)
@@ -73,26 +84,32 @@ class BudgetError(InvalidArgument):
         super().__init__("token_budget", message, reason="TOKEN_BUDGET_TOO_SMALL")
 
 
+def _section(kind: str, blocks: Sequence[Block]) -> list[str]:
+    parts, shown = [HEADINGS[kind]], ""
+    for b in blocks:
+        parts.append(f"{header(b.time)}\n{b.text}" if b.time and b.time != shown else b.text)
+        shown = b.time
+    return parts
+
+
 def render(blocks: Sequence[Block]) -> tuple[str, int]:
-    """The prompt text of `blocks` (already in priority-free prompt order) and its prefix bytes."""
+    """The prompt text of `blocks` (already in prompt order) and its prefix bytes."""
     layers = [b.text for b in blocks if b.kind == "layer"]
     pinned = [b.text for b in blocks if b.kind == "pinned"]
     prefix_parts = layers + ([HEADINGS["pinned"], *pinned] if pinned else [])
     prefix = SEPARATOR.join(prefix_parts) + SEPARATOR if prefix_parts else ""
     tail_parts: list[str] = []
     for kind in TAIL_ORDER:
-        texts = [b.text for b in blocks if b.kind == kind]
-        if texts:
-            tail_parts += [HEADINGS[kind], *texts]
+        section = [b for b in blocks if b.kind == kind]
+        if section:
+            tail_parts += _section(kind, section)
     return prefix + SEPARATOR.join(tail_parts), len(prefix.encode("utf-8"))
 
 
 def _ordered(blocks: Sequence[Block]) -> list[Block]:
+    """Prompt order: layers, pinned and required as given, retrieved oldest first, history as given."""
     order = {"layer": 0, "pinned": 1, "required": 2, "retrieved": 3, "history": 4}
-    history = [b for b in blocks if b.kind == "history"]
-    rest = sorted((b for b in blocks if b.kind != "history"),  # stable within layers, pinned, required
-                  key=lambda b: (order[b.kind], -(b.score or 0.0) if b.kind == "retrieved" else 0.0))
-    return rest + history
+    return sorted(blocks, key=lambda b: (order[b.kind], b.at if b.kind == "retrieved" else ("", "", 0)))
 
 
 def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence[Block],
@@ -121,57 +138,107 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
         chosen += group
     # From here each block adds its estimated cost; after the stable prefix `used` then counts a
     # separator the prompt will not end with: at most a token too many, never too few.
-
-    def take(kind: str, candidates: Sequence[Block], *, stop_at_first_miss: bool,
-             skip_sources: frozenset[str] = frozenset()) -> list[Block]:
-        nonlocal used
-        taken: list[Block] = []
-        heading = cost(HEADINGS[kind])
-        for b in candidates:
-            if b.source and b.source in skip_sources:
-                continue
-            extra = cost(b.text) + (0 if taken else heading)
-            if used + extra <= budget:
-                taken.append(b)
-                used += extra
-            elif stop_at_first_miss:
-                break
-        return taken
-
+    # A pinned chunk is not retrieved again, nor its turn shown in history; a required turn or
+    # memory is neither retrieved (any chunk of it) nor history.
     in_prompt = {b.key for b in chosen}
-    candidates = [b for b in retrieved if b.key not in in_prompt]
-    got = take("retrieved", candidates, stop_at_first_miss=False)
-    chosen += got
-    skip = frozenset(b.source for b in got)
-    recent = take("history", history_newest_first, stop_at_first_miss=True, skip_sources=skip)
-    chosen += list(reversed(recent))
-    blocks = _ordered(chosen)
+    required_sources = {b.source for b in chosen if b.kind == "required" and b.source}
+    elsewhere = frozenset(b.source for b in chosen if b.source)
+    times: dict[str, Counter[str]] = {"retrieved": Counter(), "history": Counter()}
+
+    def extra(b: Block, section: Sequence[Block]) -> int:
+        """`b`'s estimated cost beside the blocks of its section: its text, the section's heading
+        if it opens it, its time header if no block of the section has its time yet."""
+        time_cost = cost(header(b.time)) if b.time and not times[b.kind][b.time] else 0
+        return cost(b.text) + (0 if section else cost(HEADINGS[b.kind])) + time_cost
+
+    candidates = [b for b in retrieved if b.key not in in_prompt and b.source not in required_sources]
+    got: list[Block] = []
+    for b in candidates:
+        if used + (e := extra(b, got)) <= budget:
+            got.append(b)
+            used += e
+            times["retrieved"][b.time] += 1
+    # The longest recent window that fits with the retrieved chunks it reaches moved into it: a
+    # turn can cost more than the slack left and still fit once an older turn's chunks move.
+    recent: list[Block] = []
+    windows: list[tuple[int, int]] = [(0, used)]  # (turns of the window, estimated prompt tokens)
+    reachable = {b.source for b in history_newest_first}
+    left = list(got)
+    refundable = sum(cost(r.text) for r in left if r.source in reachable) + cost(HEADINGS["retrieved"]) + sum(
+        cost(header(t)) for t in {r.time for r in left if r.source in reachable} if t)
+    for b in history_newest_first:
+        if b.source in elsewhere:
+            continue
+        moved = [r for r in left if b.source and r.source == b.source]
+        refund = 0
+        if moved:  # what the moved chunks cost, their time headers and the heading included
+            left = [r for r in left if r not in moved]
+            times["retrieved"] = Counter(r.time for r in left)
+            refund = sum(cost(r.text) for r in moved) + (0 if left else cost(HEADINGS["retrieved"]))
+            refund += sum(cost(header(t)) for t in {r.time for r in moved} if t and not times["retrieved"][t])
+        used += extra(b, recent) - refund
+        refundable -= refund
+        recent.append(b)
+        times["history"][b.time] += 1
+        if used <= budget + FILL_TOLERANCE:
+            windows.append((len(recent), used))
+        elif used - refundable > budget:
+            break
+
+    def with_window(n: int) -> list[Block]:
+        in_window = {b.source for b in recent[:n]}
+        return _ordered([*chosen, *(r for r in got if r.source not in in_window), *reversed(recent[:n])])
+
+    # The longest window whose estimate is within the budget; one just over it is counted for real
+    # (the estimate is a token or so over where separators merge), at most WINDOW_RECOUNTS of them.
+    recounts, blocks = 0, with_window(0)
+    for n, estimate in sorted(windows, reverse=True):
+        if estimate <= budget:
+            blocks = with_window(n)
+            break
+        if recounts < WINDOW_RECOUNTS:
+            recounts += 1
+            if count(render(trial := with_window(n))[0]) <= budget:
+                blocks = trial
+                break
     while True:
         prompt, prefix_bytes = render(blocks)
         tokens = count(prompt)
         if tokens <= budget:
             break
-        droppable = [i for i, b in enumerate(blocks) if b.kind in ("history", "retrieved")]
-        if not droppable:  # cannot happen with a consistent counter; never return over budget
+        history = [i for i, b in enumerate(blocks) if b.kind == "history"]
+        retrieved_at = [i for i, b in enumerate(blocks) if b.kind == "retrieved"]
+        if not history and not retrieved_at:  # cannot happen with a consistent counter; never return over budget
             raise BudgetError(f"the required prompt needs {tokens} tokens, more than the budget of {budget}")
-        history = [i for i in droppable if blocks[i].kind == "history"]
-        blocks.pop(history[0] if history else droppable[-1])  # oldest history, then lowest score
+        # the oldest history turn, then the lowest-scored retrieved chunk
+        blocks.pop(history[0] if history else min(retrieved_at, key=lambda i: blocks[i].score or 0.0))
     # Estimated costs can miss the real count by a token or so either way where the encoder
     # merges across a boundary: fill what is left in the same priority order, checking the real count.
-    taken_keys = {(b.kind, b.key) for b in blocks}
+    return _fill(blocks, prompt, prefix_bytes, tokens, candidates, history_newest_first, elsewhere, budget, cost,
+                 count)
+
+
+def _fill(blocks: list[Block], prompt: str, prefix_bytes: int, tokens: int, candidates: Sequence[Block],
+          history_newest_first: Sequence[Block], elsewhere: frozenset[str], budget: int, cost: Count,
+          count: Count) -> Packed:
+    taken = {(b.kind, b.key) for b in blocks}
+    history_sources = {b.source for b in blocks if b.kind == "history" and b.source}
+    fill = [b for b in candidates if ("retrieved", b.key) not in taken and b.source not in history_sources]
+    # every turn left out is older than those in the prompt (the window stops at its first miss)
+    older = [b for b in history_newest_first if ("history", b.key) not in taken and b.source not in elsewhere]
     kinds = {b.kind for b in blocks}
     slack = budget - tokens
-    fill = [b for b in candidates if ("retrieved", b.key) not in taken_keys]
-    retrieved_sources = {x.source for x in blocks if x.kind == "retrieved"}
-    older = [b for b in history_newest_first if ("history", b.key) not in taken_keys
-             and not (b.source and b.source in retrieved_sources)]
     for b in [*fill, *older]:
-        heading = 0 if b.kind in kinds else cost(HEADINGS[b.kind])
-        if cost(b.text) + heading > slack + FILL_TOLERANCE:
+        estimate = cost(b.text) + (0 if b.kind in kinds else cost(HEADINGS[b.kind]))
+        if estimate > slack + FILL_TOLERANCE:
             if b.kind == "history":
                 break
             continue
-        trial = _ordered([*blocks, b]) if b.kind == "retrieved" else _with_older_history(blocks, b)
+        if b.kind == "retrieved":
+            trial = _ordered([*blocks, b])
+        else:  # older than every history block present: it goes first among them, its retrieved chunks move
+            rest = [x for x in blocks if x.kind != "history" and not (x.kind == "retrieved" and x.source == b.source)]
+            trial = rest + [b] + [x for x in blocks if x.kind == "history"]
         trial_prompt, trial_prefix = render(trial)
         trial_tokens = count(trial_prompt)
         if trial_tokens <= budget:
@@ -181,9 +248,3 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
         elif b.kind == "history":
             break
     return Packed(prompt, prefix_bytes, tokens, tuple(blocks))
-
-
-def _with_older_history(blocks: list[Block], older: Block) -> list[Block]:
-    """`older` is older than every history block present: it goes first among them."""
-    rest = [b for b in blocks if b.kind != "history"]
-    return rest + [older] + [b for b in blocks if b.kind == "history"]

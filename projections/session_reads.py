@@ -20,7 +20,7 @@ import orjson
 from context_engine.errors import FailedPrecondition, InvalidArgument, NotFound
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
-from projections import queries
+from projections import queries, turn_labels
 from projections.guardrail_queries import current_layers
 from projections.prompt_packing import Block
 from projections.share_grants import held_sql
@@ -99,10 +99,11 @@ async def _history_rows(conn: asyncpg.Connection, org: str, session_id: str, vis
     turns hold at most `read_tokens` stored (cl100k) tokens when it is given. Each row carries
     how many turns the window holds, so the caller knows whether older ones were left unread."""
     return await conn.fetch(
-        "SELECT event_id, content, metadata, window_rows FROM ("
-        "  SELECT event_id, content, metadata::text AS metadata, seq, count(*) OVER () AS window_rows,"
+        "SELECT event_id, content, metadata, event_type, occurred_at, window_rows FROM ("
+        "  SELECT event_id, content, metadata::text AS metadata, event_type, occurred_at, seq,"
+        "         count(*) OVER () AS window_rows,"
         "         sum(token_count) OVER (ORDER BY seq DESC ROWS UNBOUNDED PRECEDING) - token_count AS newer_tokens"
-        "  FROM (SELECT event_id, content, metadata, seq, token_count FROM session_events"
+        "  FROM (SELECT event_id, content, metadata, event_type, occurred_at, seq, token_count FROM session_events"
         "        WHERE org_id = $1 AND session_id = $2 AND active AND scope_path = ANY($5::text[])"
         "        ORDER BY seq DESC LIMIT $3) AS w"
         ") AS h WHERE $4::bigint IS NULL OR newer_tokens <= $4 ORDER BY seq DESC",
@@ -114,20 +115,29 @@ def _text(content: bytes) -> str:
 
 
 def _history_blocks(rows) -> list[Block]:
-    history = [Block("history", _history_text(r), key=str(r["event_id"]), source=str(r["event_id"])) for r in rows]
+    history = [_turn("history", r, key=str(r["event_id"])) for r in rows]
     return [b for b in history if b.text]
 
 
-def _history_text(row) -> str:
-    text = _text(row["content"])
-    role = orjson.loads(row["metadata"] or "{}").get("role") if row["metadata"] else None
-    return f"{role}: {text}" if role and text else text
+def _turn(kind: str, row, key: str) -> Block:
+    """A session event as a prompt block: its speaker and time (projections/turn_labels.py)."""
+    metadata = _metadata(row["metadata"])
+    time = (turn_labels.SUMMARY_LABEL if row["event_type"] == "compaction"
+            else turn_labels.turn_time(metadata, row["occurred_at"]))
+    return Block(kind, turn_labels.with_speaker(_text(row["content"]), metadata), key=key,
+                 source=str(row["event_id"]), time=time)
+
+
+def _metadata(text: str | None) -> dict:
+    value = orjson.loads(text) if text else {}
+    return value if isinstance(value, dict) else {}
 
 
 # The pinned chunks the caller sees by ownership or through a live use_in_assembly grant (then
 # with the share it came through).
 _PINNED = f"""
-SELECT c.chunk_id, c.content, CASE WHEN c.scope_path = ANY($3::text[]) THEN NULL ELSE h.share_id END AS share_id
+SELECT c.chunk_id, c.content, c.source_event_id,
+       CASE WHEN c.scope_path = ANY($3::text[]) THEN NULL ELSE h.share_id END AS share_id
 FROM chunks c
 LEFT JOIN ({held_sql("chunk", org="$1", paths="$3::text[]", permission="'use_in_assembly'")}) AS h
   ON h.resource_id = c.chunk_id
@@ -143,14 +153,14 @@ async def _pinned(conn: asyncpg.Connection, org: str, visible: Visibility,
         return [], {}
     ids = [str(uuid.UUID(i)) for i in ids]  # canonical form, as the database returns them
     rows = await conn.fetch(_PINNED, org, ids, visible.sql_paths)
-    content = {str(r["chunk_id"]): r["content"] for r in rows}
-    missing = [i for i in ids if i not in content]
+    found = {str(r["chunk_id"]): r for r in rows}
+    missing = [i for i in ids if i not in found]
     if missing:  # absent, rolled back, quarantined or not the caller's: one answer for all
         raise NotFound(f"hints.{PINNED_HINT}: chunk(s) {', '.join(missing)} not found in the caller's corpus",
                        reason="PINNED_CHUNK_NOT_FOUND",
                        metadata={"field": f"hints.{PINNED_HINT}", "chunk_ids": ",".join(missing)})
-    return [Block("pinned", content[i], key=i) for i in ids], {str(r["chunk_id"]): str(r["share_id"])
-                                                              for r in rows if r["share_id"]}
+    pinned = [Block("pinned", found[i]["content"], key=i, source=str(found[i]["source_event_id"])) for i in ids]
+    return pinned, {str(r["chunk_id"]): str(r["share_id"]) for r in rows if r["share_id"]}
 
 
 async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_id: str, visible: Visibility,
@@ -163,12 +173,13 @@ async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_i
         except ValueError:
             raise InvalidArgument(field_name, f"{key!r}: {event_id!r} is not an event id (UUID)") from None
         row = await conn.fetchrow(
-            "SELECT event_id, content FROM session_events WHERE org_id = $1 AND session_id = $2 "
+            "SELECT event_id, content, metadata::text AS metadata, event_type, occurred_at FROM session_events "
+            "WHERE org_id = $1 AND session_id = $2 "
             "  AND event_id = $3 AND active AND scope_path = ANY($4::text[])", org, session_id, eid, visible.sql_paths)
         if row is None:
             raise NotFound(f"{field_name}: {key!r}: no such active event in session {session_id!r}",
                            reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
-        return Block("required", _text(row["content"]), key=key, source=str(row["event_id"]))
+        return _turn("required", row, key)
     memory = await queries.latest_memory(conn, org, agent_id, session_id, visible, memory_type=key)
     if memory is None:
         raise NotFound(f"{field_name}: {key!r}: agent {agent_id!r} has no {key} memory in session {session_id!r}",
@@ -180,4 +191,4 @@ async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_i
             f"{field_name}: {key!r}: the latest {key} memory is {memory.pii_status} by the PII scan "
             "(quarantined memory is not assembled until `context-engine pii rescan` clears it)",
             reason="MEMORY_NOT_CLEARED", metadata={"field": field_name})
-    return Block("required", _text(memory.content), key=key)
+    return Block("required", _text(memory.content), key=key, source=memory.event_id)

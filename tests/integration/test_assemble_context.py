@@ -55,7 +55,7 @@ async def test_prompt_layout_prefix_and_attestation(assembly_org):
     layers = (await caller("ResolveGuardrailLayers", pb.ResolveGuardrailLayersRequest())).layers
     assert [x.content_hash for x in layers if x.layer_level >= 2] == [l2, l3]
     assert (prompt.index(f"support agent of {org}") < prompt.index("Team: answer briefly.")
-            < prompt.index("## Retrieved"))
+            < prompt.index("## Recent conversation"))
     assert reply.cache_prefix_bytes == len(prompt.encode()[:reply.cache_prefix_bytes])
     assert prompt.encode()[:reply.cache_prefix_bytes].decode().endswith("Team: answer briefly.\n\n")
     assert reply.prompt_id == hashlib.sha256(prompt.encode()).hexdigest()
@@ -64,7 +64,9 @@ async def test_prompt_layout_prefix_and_attestation(assembly_org):
     q = reply.quality
     assert q.retrieval_outcome == pb.RETRIEVAL_OUTCOME_OK and not q.fallback_used
     assert 0 < q.confidence_score <= 1 and q.effective_min_score > 0
-    assert "refund window" in prompt.split("## Retrieved context")[1]
+    # The whole session fits: the turns retrieved are shown once, in their place in the conversation.
+    assert "## Retrieved context" not in prompt and prompt.count("refund window") == 1
+    assert "refund window" in prompt.split("## Recent conversation")[1]
     # The assembled prompt validates against the caller's chain.
     check = await caller("ValidatePrompt", pb.ValidatePromptRequest(
         prompt=prompt, layer_hashes=[x.content_hash for x in layers]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from context_engine.errors import InvalidArgument
@@ -13,8 +15,9 @@ def count(text: str) -> int:
     return count_tokens(text, "gpt-4")
 
 
-def block(kind: str, text: str, key: str = "", score: float | None = None, source: str = "") -> Block:
-    return Block(kind, text, key=key or text, score=score, source=source)
+def block(kind: str, text: str, key: str = "", score: float | None = None, source: str = "", time: str = "",
+          at: tuple[str, str, int] = ("", "", 0)) -> Block:
+    return Block(kind, text, key=key or text, score=score, source=source, time=time, at=at)
 
 
 LAYERS = [block("layer", "L1: be safe."), block("layer", "L2: acme policy.")]
@@ -88,6 +91,86 @@ def test_a_retrieved_turn_is_not_repeated_in_history():
     retrieved = [block("retrieved", "user: the refund window is 30 days", key="c1", score=0.8, source="e1")]
     p = packed(10_000, retrieved=retrieved, history_newest_first=history)
     assert p.prompt.count("refund window") == 1
+
+
+def dialogue(n: int, per_time: int = 4) -> list[Block]:
+    """`n` turns newest first, a new time label every `per_time` turns, one chunk each."""
+    return [block("history", f"{'user' if i % 2 else 'assistant'}: turn {i} of the talk", key=f"e{i}",
+                  source=f"e{i}", time=f"2024-05-0{1 + i // per_time} 10:00") for i in range(n - 1, -1, -1)]
+
+
+def chunk_of(turn: Block, score: float) -> Block:
+    return block("retrieved", turn.text, key=f"c-{turn.source}", score=score, source=turn.source, time=turn.time,
+                 at=(turn.time, turn.source, 0))
+
+
+def test_turns_carry_their_time_once_per_run_and_retrieved_turns_read_oldest_first():
+    history = dialogue(12)
+    old = [chunk_of(history[-1], 0.5), chunk_of(history[-6], 0.9)]  # turns 0 and 5, the best scored last in time
+    p = packed(70 + sum(count(b.text) for b in LAYERS + PINNED + old), retrieved=old, history_newest_first=history)
+    tail = p.prompt[p.prefix_bytes:]
+    retrieved, recent = tail.split("## Recent conversation")
+    assert retrieved.index("turn 0 ") < retrieved.index("turn 5 ")  # by time, not score
+    assert retrieved.count("[2024-05-01 10:00]\n") == 1 and retrieved.count("[2024-05-02 10:00]\n") == 1
+    kept = [b for b in p.blocks if b.kind == "history"]
+    assert kept and kept == list(reversed(history[:len(kept)]))  # a contiguous recent window
+    # one header per run of a time in the recent conversation, above its first turn
+    runs = [t for i, t in enumerate(b.time for b in kept) if i == 0 or kept[i - 1].time != t]
+    assert [line[1:-1] for line in recent.split("\n") if line.startswith("[")] == runs
+    assert p.tokens == count(p.prompt)
+
+
+def test_a_retrieved_turn_the_recent_window_reaches_moves_into_it():
+    history = dialogue(10)
+    retrieved = [chunk_of(history[2], 0.9), chunk_of(history[8], 0.8)]  # turns 7 and 1
+    full = packed(10_000, retrieved=retrieved, history_newest_first=history)
+    assert not [b for b in full.blocks if b.kind == "retrieved"] and "## Retrieved context" not in full.prompt
+    assert [b.source for b in full.blocks if b.kind == "history"] == [f"e{i}" for i in range(10)]
+    # A budget that reaches turn 7 but not turn 1: turn 7 is in its place, turn 1 stays retrieved.
+    small = packed(full.tokens - 40, retrieved=retrieved, history_newest_first=history)
+    recent = [b.source for b in small.blocks if b.kind == "history"]
+    assert "e7" in recent and "e1" not in recent and recent == [f"e{i}" for i in range(10 - len(recent), 10)]
+    assert [b.source for b in small.blocks if b.kind == "retrieved"] == ["e1"]
+    assert all(small.prompt.count(f"turn {i} ") <= 1 for i in range(10))
+    # A budget exactly at a prompt's count gives that prompt, moves and all.
+    for p in (full, small):
+        assert packed(p.tokens, retrieved=retrieved, history_newest_first=history).prompt == p.prompt
+
+
+def test_a_pinned_or_required_turn_is_in_the_prompt_once():
+    history = dialogue(6)
+    pinned = [block("pinned", history[3].text, key="c-e2", source="e2")]
+    required = [block("required", history[1].text, key="event:e4", source="e4")]
+    retrieved = [chunk_of(history[3], 0.9), chunk_of(history[1], 0.8), block(
+        "retrieved", "turn 4 of the talk, its second chunk", key="c-e4-1", score=0.7, source="e4")]
+    p = packed(10_000, pinned=pinned, required=required, retrieved=retrieved, history_newest_first=history)
+    for i in range(6):
+        assert p.prompt.count(f"turn {i} ") == 1, i
+    keys = [b.key for b in p.blocks]
+    assert len(keys) == len(set(keys)) and "c-e4-1" not in keys  # a required turn's chunks are not retrieved
+
+
+def test_random_inputs_stay_in_budget_and_show_every_source_once():
+    rng = random.Random(7)
+    for trial in range(150):
+        history = dialogue(rng.randint(0, 30), per_time=rng.randint(1, 6))
+        picked = rng.sample(history, k=min(len(history), rng.randint(0, 8)))
+        others = [block("retrieved", f"a memory about item {i}", key=f"m{i}", score=rng.random(), source=f"m{i}",
+                        time="2024-04-01 09:00, memory", at=("2024-04-01", f"m{i}", 0)) for i in range(rng.randint(0, 4))]
+        retrieved = sorted([chunk_of(t, rng.random()) for t in picked] + others, key=lambda b: -(b.score or 0))
+        budget = rng.randint(60, 600)
+        try:
+            p = packed(budget, retrieved=retrieved, history_newest_first=history)
+        except BudgetError:
+            assert budget < count(render(LAYERS + PINNED)[0]), trial
+            continue
+        assert p.tokens == count(p.prompt) <= budget, trial
+        sources = [b.source for b in p.blocks if b.kind in ("retrieved", "history")]
+        assert len(sources) == len(set(sources)), trial
+        kept = [b for b in p.blocks if b.kind == "history"]
+        assert kept == list(reversed(history[:len(kept)])), trial
+        shown = [b for b in p.blocks if b.kind == "retrieved"]
+        assert [b.at for b in shown] == sorted(b.at for b in shown), trial
 
 
 def test_same_inputs_same_bytes():
