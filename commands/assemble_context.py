@@ -36,6 +36,7 @@ from projections import corpus_totals, session_reads, turn_labels
 from projections.database import org_transaction
 from projections.prompt_packing import Block, Packed, pack
 from projections.pull_context import await_scan
+from projections.quarantined_matches import Quarantined
 from projections.retrieval.outcome import MAX_TOP_K, Outcome
 from projections.retrieval.recipe import MIN_RETRIEVAL_DEPTH, RETRIEVAL_OVERSHOOT, TOKENS_PER_RETRIEVED_CHUNK
 from projections.search import MAX_QUERY_BYTES, ChunkHit, SearchOutcome, SearchQuery, search
@@ -85,6 +86,7 @@ class Assembled:
     version_hash: str
     chunk_ids: list[str]
     quality: Quality
+    quarantined: Quarantined = Quarantined(0)  # matches of task_description the PII scan holds back
 
 
 def _hint_list(hints: dict[str, str], key: str) -> list[str]:
@@ -163,7 +165,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         assembled_tokens=packed.tokens, baseline_tokens=baseline,
         savings_ratio=(baseline - packed.tokens) / baseline if baseline else 0.0,
         version_hash=merkle_root([sha256_hex(b.text.encode("utf-8")) for b in packed.blocks]),
-        chunk_ids=chunk_ids, quality=quality)
+        chunk_ids=chunk_ids, quality=quality, quarantined=retrieval.quarantined if retrieval else Quarantined(0))
 
 
 async def _read_session(deps: Deps, principal: Principal, cmd: AssembleContext, pinned_ids: list[str],
@@ -274,6 +276,8 @@ def _quality(retrieval: SearchOutcome | None, failure: str, packed: Packed, retr
         used, reason = False, f"{r.outcome_name}: none of the {len(r.results)} retrieved chunks fit the token budget"
     else:
         used, reason = False, ""
+    if reason and retrieval.quarantined.items:  # the prompt carries no retrieved chunk: say what is held back
+        reason = f"{reason}; {retrieval.quarantined.describe()}"
     return Quality(confidence, retrieval.expansion_applied, used, reason, r.outcome, r.effective_min_score,
                    r.results_below_threshold)
 

@@ -49,6 +49,7 @@ from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 from inference.query_vectors import QueryVectors
 from projections.database import org_transaction
+from projections.quarantined_matches import Quarantined, quarantined_matches
 from projections.retrieval.bm25 import (
     CorpusStats,
     analyze,
@@ -115,6 +116,7 @@ class SearchOutcome:
     expansion_applied: bool
     model_version: str
     shared: dict[str, str] = field(default_factory=dict)  # result chunk id -> the share it came through
+    quarantined: Quarantined = Quarantined(0)  # matches held back (projections/quarantined_matches.py)
 
     def share_of(self, chunk_id: str) -> str:
         """The share a result came through, or "" for a chunk the caller sees by ownership."""
@@ -153,11 +155,13 @@ async def search(pool: asyncpg.Pool, query_vectors: QueryVectors, scope: Scope, 
         size = max(MIN_POOL, POOL_PER_RESULT * top_k)
         first = Pool(vector_k=size, bm25_k=size, ef_search=FIRST_EF_SEARCH)
         gate = await retrieve_with_gate_async(retriever.run, floor, first, top_score=lambda p: p.top_score)
+        quarantined = await quarantined_matches(conn, scope.org_id, retriever.distinct_terms, retriever.scopes,
+                                                domain)
     with timed("search", "classify"):
         fused: FusedPass = gate.candidates
         result = classify_ranked(fused.best, fused.above, fused.total, floor, top_k)
     shared = {c.chunk_id: retriever.shared[c.chunk_id] for c in result.results if c.chunk_id in retriever.shared}
-    return SearchOutcome(result, gate.expansion_applied, query_vectors.model_version, shared)
+    return SearchOutcome(result, gate.expansion_applied, query_vectors.model_version, shared, quarantined)
 
 
 def _pass_settings(ef_search: int) -> dict[str, str]:

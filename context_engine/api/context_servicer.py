@@ -30,6 +30,7 @@ from context_engine.api.interceptors import current_principal
 from context_engine.errors import Unimplemented
 from context_engine.guardrails.trust import load_trust
 from context_engine.serving.interceptors import metadata_value
+from projections.quarantined_matches import Quarantined
 from projections.retrieval.fusion import HYBRID
 from projections.search import SearchQuery
 from upsquad.context.v1 import context_pb2 as pb
@@ -62,6 +63,7 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
             session_id=request.session_id, task_description=request.task_description,
             token_budget=request.token_budget, model_id=request.model_id, hints=dict(request.hints)))
         q = a.quality
+        context.set_trailing_metadata(quarantine_metadata(a.quarantined))
         return pb.AssembleContextResponse(
             prompt_id=a.prompt_id, assembled_prompt=a.prompt, cache_prefix_bytes=a.cache_prefix_bytes,
             assembled_tokens=a.assembled_tokens, baseline_tokens=a.baseline_tokens, savings_ratio=a.savings_ratio,
@@ -141,6 +143,7 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
         outcome = await search(self.deps, current_principal(), SearchQuery(
             query=request.query, domain=request.domain, top_k=request.top_k, min_score=request.min_score))
         r = outcome.result
+        context.set_trailing_metadata(quarantine_metadata(outcome.quarantined))
         return pb.SearchResponse(
             results=[pb.SearchResult(chunk_id=s.chunk_id, content=s.payload.content, score=s.score,
                                      source=s.payload.source,
@@ -197,6 +200,16 @@ def search_result_metadata(scored, expansion_applied: bool, share_id: str = "") 
     if share_id:
         meta["engine.share_id"] = share_id
     return meta
+
+
+def quarantine_metadata(quarantined: Quarantined) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata: how many items matching the query are held back by the PII scan, and
+    why (projections/quarantined_matches.py). ASCII, as a text metadata value must be."""
+    pairs = [("engine.quarantined_matches", str(quarantined.items))]
+    if quarantined.items:
+        pairs.append(("engine.quarantine_reason",
+                      quarantined.describe().encode("ascii", "replace").decode("ascii")))
+    return tuple(pairs)
 
 
 def _pending(method: str):

@@ -53,6 +53,13 @@ async def search_contents(caller, query: str) -> str:
     return " ".join(r.content for r in reply.results)
 
 
+async def search_with_trailer(caller, query: str) -> tuple[pb.SearchResponse, dict[str, str]]:
+    request = pb.SearchRequest(scope=caller.scope, query=query, min_score=1e-6, top_k=50)
+    call = caller.stub.Search(request, metadata=caller.metadata())
+    reply = await call
+    return reply, dict(await call.trailing_metadata())
+
+
 async def test_redacted_when_healthy_quarantined_when_down_cleared_by_rescan(engine_with_detector, detector):
     engine = engine_with_detector
     org = unique("org")
@@ -90,3 +97,34 @@ async def test_redacted_when_healthy_quarantined_when_down_cleared_by_rescan(eng
     await wait_embedded(engine, org)
     found = await search_contents(caller, "codeword marmalade")
     assert "marmalade" in found and PPSN not in found
+    assert (await search_with_trailer(caller, "codeword marmalade"))[1]["engine.quarantined_matches"] == "0"
+
+
+async def test_search_and_assembly_say_what_the_pii_scan_holds_back(engine_with_detector, detector):
+    engine = engine_with_detector
+    org = unique("org")
+    caller = engine.caller(org, "p", "t", "bot", clearance=1)
+    await detector.stop()  # no healthy detector: every push is quarantined
+    pulled = await push_and_pull(caller, "s1", b"Codeword: marmalade. My PPSN is 1234567TW.")
+    assert dict(pulled.metadata)["engine.pii_status"] == "quarantined"
+    # Search's outcome stays the searchable corpus's (empty), and it says what it holds back, and why.
+    reply, trailer = await search_with_trailer(caller, "codeword marmalade")
+    assert not reply.results and reply.outcome == pb.RETRIEVAL_OUTCOME_NO_RESULTS
+    assert trailer["engine.quarantined_matches"] == "1", trailer
+    reason = trailer["engine.quarantine_reason"]
+    assert reason.startswith("1 matching item quarantined by the PII scan (") and "UNAVAILABLE" in reason, reason
+    assert "pii rescan" in reason
+    assert (await search_with_trailer(caller, "oolong"))[1] == {"engine.quarantined_matches": "0"}  # no term matches
+    call = caller.stub.AssembleContext(pb.AssembleContextRequest(
+        scope=caller.scope, session_id="s1", task_description="codeword marmalade", token_budget=500),
+        metadata=caller.metadata())
+    assembled = await call
+    assert assembled.quality.fallback_used
+    assert assembled.quality.fallback_reason.startswith("no_results; 1 matching item quarantined"), \
+        assembled.quality.fallback_reason
+    assert dict(await call.trailing_metadata())["engine.quarantined_matches"] == "1"
+    # Another org, a sibling agent and a sibling team of the same org are told of none of it.
+    for other in (engine.caller(unique("org"), "p", "t", "bot", clearance=1), engine.caller(org, "p", "t", "bot2"),
+                  engine.caller(org, "p", "t2", "bot")):
+        assert (await search_with_trailer(other, "codeword marmalade"))[1]["engine.quarantined_matches"] == "0"
+    await detector.start()
