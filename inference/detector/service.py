@@ -98,24 +98,38 @@ class DetectorServicer(detector_pb2_grpc.MLDetectorServiceServicer):
         return {slot.name: slot.problem for slot in (self._classifier, self._pii) if not slot.healthy}
 
     async def load(self) -> None:
-        """Load whatever weights exist. Never raises for missing or broken weights: it records why."""
+        """Load whatever weights exist, each model's health published as soon as it is loaded
+        (Prompt Guard does not wait for GLiNER). Never raises for missing or broken weights: it
+        records why. The loading threads leave the slots unhealthy; here, on the event loop, health
+        goes SERVING before the slot takes calls, so no call is answered while health says otherwise."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._classify_pool, self._load_classifier)
-        await loop.run_in_executor(self._pii_pool, self._load_pii)
-        for slot in (self._classifier, self._pii):
-            if slot.healthy:
-                log.info("model loaded", model=slot.name, version=slot.version, directory=str(slot.directory))
-            else:
-                log.warning("model unavailable", model=slot.name, reason=slot.reason, problem=slot.problem,
-                            directory=str(slot.directory), import_command=IMPORT_COMMANDS[slot.name])
-        for slot in (self._classifier, self._pii):
-            await self._notify(slot.name, slot.healthy)
+        classifier = await loop.run_in_executor(self._classify_pool, self._load_classifier)
+        if classifier is not None:
+            await self._notify(self._classifier.name, True)
+            self._classifier.model, self._classifier.healthy = classifier, True
+        self._log_load(self._classifier)
+        pii = await loop.run_in_executor(self._pii_pool, self._load_pii)
+        if pii is not None:
+            detector, missing = pii
+            if not missing:
+                await self._notify(self._pii.name, True)
+            self._pii.model = detector
+            self._set_canary(self._pii, missing)
+        self._log_load(self._pii)
+
+    def _log_load(self, slot: ModelSlot) -> None:
+        if slot.healthy:
+            log.info("model loaded", model=slot.name, version=slot.version, directory=str(slot.directory))
+        else:
+            log.warning("model unavailable", model=slot.name, reason=slot.reason, problem=slot.problem,
+                        directory=str(slot.directory), import_command=IMPORT_COMMANDS[slot.name])
 
     def close(self) -> None:
         self._classify_pool.shutdown(wait=False, cancel_futures=True)
         self._pii_pool.shutdown(wait=False, cancel_futures=True)
 
-    def _load_classifier(self) -> None:
+    def _load_classifier(self) -> prompt_guard.PromptGuard | None:
+        """The loaded classifier, or None with the slot's problem recorded (on a loading thread)."""
         slot, s = self._classifier, self.settings
         try:
             model = prompt_guard.PromptGuard(slot.directory, max_tokens=s.classify_max_tokens,
@@ -131,10 +145,14 @@ class DetectorServicer(detector_pb2_grpc.MLDetectorServiceServicer):
             slot.problem, slot.reason = f"weights could not be loaded ({type(exc).__name__}: {exc})", \
                 "MODEL_LOAD_FAILED"
         else:
-            slot.model, slot.version = model, f"{PROMPT_GUARD_NAME}@{model.revision}"
-            slot.problem, slot.reason, slot.healthy = "", "", True
+            slot.version = f"{PROMPT_GUARD_NAME}@{model.revision}"
+            slot.problem, slot.reason = "", ""
+            return model
+        return None
 
-    def _load_pii(self) -> None:
+    def _load_pii(self) -> tuple[gliner_pii.PiiDetector, list[str]] | None:
+        """The loaded detector and what its canary missed, or None with the slot's problem recorded
+        (on a loading thread)."""
         slot, s = self._pii, self.settings
         canary = gliner_pii.Canary(s.pii_canary_text, s.pii_canary_expect, s.pii_canary_min_overlap)
         try:
@@ -147,27 +165,25 @@ class DetectorServicer(detector_pb2_grpc.MLDetectorServiceServicer):
                 model, version = loaded, loaded.manifest.version
         except gliner_pii.ModelNotFound as exc:
             slot.problem, slot.reason = f"no weights ({exc})", "MODEL_NOT_LOADED"
-            return
+            return None
         except gliner_pii.DependencyMissing as exc:
             slot.problem, slot.reason = str(exc), "DETECTOR_EXTRA_MISSING"
-            return
+            return None
         except Exception as exc:
             log.exception("gliner load failed", directory=str(slot.directory))
             slot.problem, slot.reason = f"weights could not be loaded ({type(exc).__name__}: {exc})", \
                 "MODEL_LOAD_FAILED"
-            return
+            return None
         words = min(s.pii_chunk_words, getattr(model, "max_words", s.pii_chunk_words))
-        slot.model = gliner_pii.PiiDetector(model, canary=canary, threshold=s.pii_threshold, chunk_words=words,
-                                            chunk_overlap=min(s.pii_chunk_overlap_words, words // 2))
+        detector = gliner_pii.PiiDetector(model, canary=canary, threshold=s.pii_threshold, chunk_words=words,
+                                          chunk_overlap=min(s.pii_chunk_overlap_words, words // 2))
         slot.version = version
         # The model is only healthy once it has proven it still detects the canary.
         try:
-            detection = slot.model.detect("")
+            return detector, detector.detect("").canary_missing
         except Exception as exc:
             log.exception("gliner canary run failed")
-            self._set_canary(slot, [f"error: {type(exc).__name__}"])
-        else:
-            self._set_canary(slot, detection.canary_missing)
+            return detector, [f"error: {type(exc).__name__}"]
 
     @staticmethod
     def _set_canary(slot: ModelSlot, missing: list[str]) -> bool:

@@ -7,8 +7,10 @@ replaced by a stub at the model seam (the healthy DetectPII path, byte offsets, 
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -248,6 +250,72 @@ async def test_inert_stub_never_yields_an_empty_healthy_response(stubbed: Runnin
     reply = await stubbed.stub.DetectPII(_pii("clean text"))
     assert reply.canary_healthy and list(reply.spans) == []
     assert await stubbed.status(GL) == health_pb2.HealthCheckResponse.SERVING
+
+
+class GatedModel(StubModel):
+    """A stub GLiNER whose first call (the load-time canary) waits for the test: a slow load."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__(dict(CANARY_ENTITIES))
+        self.gate = gate
+
+    def predict(self, texts, labels, threshold):
+        self.gate.wait(timeout=60)
+        return super().predict(texts, labels, threshold)
+
+
+async def test_health_says_serving_exactly_when_the_model_answers(detector_models: TinyModels) -> None:  # noqa: F811
+    """Health and a call of each model polled together from the server's start: a model's health is
+    SERVING before its first answer and stays so after, and Prompt Guard answers (and says SERVING)
+    while GLiNER is still loading."""
+    gate = threading.Event()
+    settings = DetectorSettings(models_dir=detector_models.models_dir)  # the tiny Prompt Guard, for real
+    hosted, servicer = build_detector_server(
+        Settings(detector_service_token=TOKEN), settings, address="127.0.0.1:0",
+        servicer=DetectorServicer(settings, pii_model=GatedModel(gate), pii_version="stub@1"))
+    starting = asyncio.create_task(start_detector(hosted, servicer))
+    channel = token_channel(f"127.0.0.1:{hosted.port}", TOKEN)
+    health, stub = health_pb2_grpc.HealthStub(channel), detector_pb2_grpc.MLDetectorServiceStub(channel)
+
+    async def status(name: str) -> int | None:
+        try:
+            return (await health.Check(health_pb2.HealthCheckRequest(service=name))).status
+        except grpc.aio.AioRpcError:
+            return None  # not listening yet
+
+    async def answers(call: Callable[[], Awaitable[object]]) -> bool:
+        try:
+            await call()
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    async def until_answered(name: str, call: Callable[[], Awaitable[object]]) -> int:
+        polls = 0
+        while True:
+            polls += 1
+            before, answered, after = await status(name), await answers(call), await status(name)
+            assert not (before == health_pb2.HealthCheckResponse.SERVING and not answered), (name, polls)
+            assert not (answered and after != health_pb2.HealthCheckResponse.SERVING), (name, polls)
+            if answered:
+                return polls
+            await asyncio.sleep(0.01)
+
+    try:
+        await asyncio.wait_for(until_answered(PG, lambda: stub.Classify(_classify("hello"))), 60)
+        # GLiNER's load is held: it is NOT_SERVING and says it is loading, Prompt Guard did not wait.
+        assert await status(GL) == health_pb2.HealthCheckResponse.NOT_SERVING
+        _, info = await _fails(stub.DetectPII(_pii("hi")), grpc.StatusCode.UNAVAILABLE)
+        assert info.reason == "MODEL_LOADING"
+        gate.set()
+        await asyncio.wait_for(until_answered(GL, lambda: stub.DetectPII(_pii("hi"))), 60)
+        await starting
+        assert await status(PG) == await status(GL) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        gate.set()
+        await channel.close()
+        await hosted.stop(0)
+        servicer.close()
 
 
 async def test_canary_runs_in_the_same_model_call(stubbed: Running, stub_model: StubModel) -> None:
