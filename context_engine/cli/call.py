@@ -1,7 +1,8 @@
 """`call`: a gRPC client in the box. It learns the services from the server's reflection, reads
 the request as JSON (proto3 JSON names), and prints the reply as JSON. Without `--token` it
 mints a development token for the scope given, from the data directory's key. The request's
-`scope` is that scope unless the JSON sets one."""
+`scope` is that scope unless the JSON sets one. The engine's trailing metadata (`engine.*`, e.g.
+`engine.quarantined_matches`) goes to stderr, one `key: value` line each."""
 
 from __future__ import annotations
 
@@ -92,10 +93,13 @@ def call(
         stub = channel.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
                                    response_deserializer=reply_cls.FromString)
         try:
-            reply = stub(message, metadata=metadata, timeout=timeout)
+            reply, answered = stub.with_call(message, metadata=metadata, timeout=timeout)
         except grpc.RpcError as err:
             info = error_info(err)
             typer.echo(f"{err.code().name}: {err.details()}" + (f" (reason {info.reason})" if info else ""),
                        err=True)
             raise typer.Exit(1) from None
+    for key, value in answered.trailing_metadata() or ():  # what the engine says beside the reply
+        if key.startswith("engine."):
+            typer.echo(f"{key}: {value}", err=True)
     typer.echo(json_format.MessageToJson(reply, preserving_proto_field_name=False, indent=2))

@@ -399,6 +399,18 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         assert any('context_engine_stage_seconds_count{operation="search",stage="query_embedding"} 1.0' in t
                    for t in scraped), scraped
 
+        # No PII model here: pushed memory is quarantined, and Search says so beside its reply.
+        pushed = call("PushContext", '{"session_id": "memo-s", "memory_type": "semantic", "content": "'
+                      + base64.b64encode(b"the codeword is marmalade").decode() + '"}', "--org", "calls",
+                      "--pillar", "p", "--team", "t", "--agent", "bot")
+        assert pushed.returncode == 0, pushed.stderr
+        held = wait_until(lambda: (r := call("Search", '{"query": "codeword marmalade"}', "--org", "calls",
+                                                   "--pillar", "p", "--team", "t", "--agent", "bot"))
+                          .returncode == 0 and "engine.quarantined_matches: 1" in r.stderr and r,
+                          "Search to count the quarantined memory", up)
+        assert "engine.quarantine_reason: 1 matching item quarantined by the PII scan" in held.stderr, held.stderr
+        assert "results" not in json.loads(held.stdout)  # the org's searchable turn is below the floor
+
         # kill -9 of the API process a client's channel is connected to: the channel reconnects
         # to the other one (SO_REUSEPORT), and up starts the killed one again.
         with grpc.insecure_channel(f"127.0.0.1:{up.api_port}") as channel:
@@ -438,9 +450,15 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
     assert any(r.get("logger", "").startswith(("faust", "mode", "aiokafka"))
                for r in map(json.loads, (home / "logs" / "worker.log").read_text().splitlines()))
 
-    # Second run on the same directory: same key, same database.
+    # Second run on the same directory: same key, same database. From its start, the API answers
+    # SERVING only once the worker projects (its ready mark from the first run was cleared): writes
+    # sent at the first SERVING answer are all acknowledged. (up itself says SERVING once the
+    # detector is SERVING too, which can be seconds later.)
     up = Up(home)
     try:
+        wait_until(lambda: health_or_none(up.api_port) == SERVING, "API health SERVING on the second start", up)
+        assert (home / "run" / "worker.ready").exists()
+        assert ingest_at_once(up.api_port, writer, 3) == [grpc.StatusCode.OK] * 3
         up.wait_serving()
         assert (home / "keys" / "jwt-hs256.key").read_text() == key
         assert asyncio.run(run_sql(up.database_url(), "SELECT to_regclass('kept_across_runs')::text")) \
