@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LOCOMO_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "locomo"
 _EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
@@ -23,6 +23,7 @@ class Conversation:
     name: str  # the file's stem ("26")
     turns: tuple[tuple[str, str], ...]  # (dia_id, "speaker: text") in dialogue order
     questions: tuple[Question, ...]  # every question of the file, all categories
+    times: dict[str, str] = field(default_factory=dict, compare=False)  # dia_id -> its session's date_time
 
 
 def normalise_evidence(entries: list[str]) -> tuple[str, ...]:
@@ -40,5 +41,6 @@ def load_locomo(directory: pathlib.Path = LOCOMO_DIR, limit: int | None = None) 
         turns = tuple((t["dia_id"], f"{t['speaker']}: {t['text']}") for k in sessions for t in data[k])
         questions = tuple(Question(q["question"], int(q["category"]), normalise_evidence(q.get("evidence") or []))
                           for q in data["qa"])
-        conversations.append(Conversation(path.stem, turns, questions))
+        times = {t["dia_id"]: data.get(f"{k}_date_time", "") for k in sessions for t in data[k]}
+        conversations.append(Conversation(path.stem, turns, questions, times))
     return conversations

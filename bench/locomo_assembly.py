@@ -5,14 +5,16 @@ Documents are the dialog turns "speaker: text" of ../shared/benchmarks/locomo (1
 conversation is ONE session in its own org (retrieval sees only that conversation): its turns go
 in through gRPC IngestEvent in dialogue order (one call in flight per conversation, so the
 session's history order is the dialogue order; conversations in parallel), content = the turn,
-metadata {"dia_id": ...}, an idempotency key per turn. The script keeps the event id of every
-turn: the turn's chunk id is UUIDv5(CHUNK_NAMESPACE, "<event_id>#0") (checked against the chunks
-table), and waits until every chunk has a vector.
+metadata {"dia_id": ..., "time": its session's date_time} (no "time" with --no-dialogue-times: the
+prompt then dates turns by when the stack received them), an idempotency key per turn. The script
+keeps the event id of every turn: the turn's chunk id is UUIDv5(CHUNK_NAMESPACE, "<event_id>#0")
+(checked against the chunks table), and waits until every chunk has a vector.
 
 Then, for every question and every budget (default 1,000 / 2,000 / 4,000), one AssembleContext
 call (one in flight): task_description = the question, session_id = the conversation's session,
 model_id "gpt-4" (cl100k_base), no hints, no guardrail layers, the server's default settings
-(retrieval floor retrieval_min_score, savings sampled on 5 % of calls).
+(retrieval floor retrieval_min_score, savings sampled on 5 % of calls) except that a crossing of
+the compaction threshold does not compact the session (COMPACTION_ON_THRESHOLD=false).
 
 Per budget:
   evidence coverage   per question |evidence turns in the prompt| / |evidence|, averaged
@@ -80,7 +82,8 @@ def session_of(c: Conversation) -> str:
 
 # -- load ----------------------------------------------------------------------------------------
 
-async def ingest(stack: Stack, conversations: list[Conversation]) -> tuple[dict[tuple[str, str], str], float]:
+async def ingest(stack: Stack, conversations: list[Conversation],
+                 dialogue_times: bool = True) -> tuple[dict[tuple[str, str], str], float]:
     """Every turn through IngestEvent, in dialogue order per conversation (one in flight per
     conversation, conversations in parallel). Returns ({(conversation, dia_id): event_id}, seconds)."""
     event_ids: dict[tuple[str, str], str] = {}
@@ -94,7 +97,8 @@ async def ingest(stack: Stack, conversations: list[Conversation]) -> tuple[dict[
             for dia_id, text in c.turns:
                 request = pb.IngestEventRequest(scope=pb.ScopePath(org_id=org), session_id=session_of(c),
                                                 event_type="message", content=text.encode(),
-                                                metadata={"dia_id": dia_id})
+                                                metadata={"dia_id": dia_id, **(
+                                                    {"time": c.times[dia_id]} if dialogue_times else {})})
                 metadata = (("authorization", f"Bearer {token}"), ("idempotency-key", f"{org}/{dia_id}"))
                 response = await call_with_retry(stub.IngestEvent, request, metadata)
                 event_ids[(c.name, dia_id)] = response.event_id
@@ -292,6 +296,8 @@ def main() -> None:
                         help="token budgets, comma-separated")
     parser.add_argument("--min-score", type=float, default=None,
                         help="the tenant floor retrieval_min_score for the stack (default: the server's)")
+    parser.add_argument("--no-dialogue-times", action="store_true",
+                        help="ingest without metadata time: turns are dated by when the stack received them")
     args = parser.parse_args()
 
     conversations = load_locomo(args.locomo_dir, args.limit_conversations)
@@ -305,14 +311,18 @@ def main() -> None:
           f"(categories 1-4 with evidence); full conversation tokens (cl100k): "
           f"{', '.join(str(corpora[c.name].full_tokens) for c in conversations)}", flush=True)
 
-    settings = {} if args.min_score is None else {"CONTEXT_ENGINE_RETRIEVAL_MIN_SCORE": str(args.min_score)}
+    # The calls measure assembly over the whole conversation: the worker does not compact the
+    # sessions when a call's budget is crossed (bench/locomo_compaction.py measures that).
+    settings = {"CONTEXT_ENGINE_COMPACTION_ON_THRESHOLD": "false"}
+    if args.min_score is not None:
+        settings["CONTEXT_ENGINE_RETRIEVAL_MIN_SCORE"] = str(args.min_score)
     created = args.home is None or not args.home.exists()
     home = args.home or pathlib.Path(tempfile.mkdtemp(prefix="context-engine-locomo-asm-"))
     stack = Stack(home, settings=settings)
     try:
         stack.wait_serving()
         endpoints = stack.endpoints()
-        event_ids, ingest_s = asyncio.run(ingest(stack, conversations))
+        event_ids, ingest_s = asyncio.run(ingest(stack, conversations, not args.no_dialogue_times))
         chunks, embed_wait_s = wait_for_vectors(endpoints["database_url"], [org_of(c) for c in conversations],
                                                 n_turns)
         problems = asyncio.run(check_store(endpoints["database_url"], conversations, event_ids))
@@ -332,7 +342,8 @@ def main() -> None:
           f"session each; {n_turns:,} IngestEvent calls (in order per session) in {ingest_s:.1f} s; {chunks:,} "
           f"chunks embedded {embed_wait_s:.1f} s after the last ack; AssembleContext model_id {MODEL!r}, no hints, "
           f"no layers, floor {args.min_score if args.min_score is not None else 'server default'}, "
-          f"one call in flight")
+          f"one call in flight; turns dated by "
+          f"{'when the stack received them' if args.no_dialogue_times else 'their LoCoMo session date_time'}")
     print("store checks: "
           f"{problems or 'every turn is one chunk with id UUIDv5(event_id#0); sessions in dialogue order'}")
     over = sum(c.assembled_tokens > c.budget for c in calls)
