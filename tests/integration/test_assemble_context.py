@@ -90,12 +90,22 @@ async def test_hints(assembly_org, engine):
     org, caller, _ = assembly_org
     conn = await asyncpg.connect(engine.settings.database_url)
     try:
-        own = str(await conn.fetchval("SELECT chunk_id FROM chunks WHERE org_id = $1 ORDER BY chunk_id LIMIT 1", org))
+            own, own_text, own_event = await conn.fetchrow(
+            "SELECT chunk_id::text, content, source_event_id::text FROM chunks WHERE org_id = $1 "
+            "ORDER BY chunk_id LIMIT 1", org)
     finally:
         await conn.close()
     pinned = await assemble(caller, pinned_chunk_ids=own)
     prefix = pinned.assembled_prompt.encode()[:pinned.cache_prefix_bytes].decode()
     assert "## Pinned context" in prefix and pinned.chunk_ids[0] == own
+    # A pinned turn of the session is in the prompt once, in the stable prefix, and its id once.
+    assert pinned.assembled_prompt.count(own_text) == 1 and own_text in prefix
+    assert list(pinned.chunk_ids).count(own) == 1 and len(pinned.chunk_ids) == len(set(pinned.chunk_ids))
+    # So is a required turn: not retrieved again, not repeated in the history.
+    required_turn = await assemble(caller, must_include=f"event:{own_event}")
+    assert required_turn.assembled_prompt.count(own_text) == 1
+    assert own_text in required_turn.assembled_prompt.split("## Required context")[1].split("## ")[0]
+    assert len(required_turn.chunk_ids) == len(set(required_turn.chunk_ids)) and own in required_turn.chunk_ids
 
     other = engine.caller(org, "p", "other-team", "bot", clearance=2)
     await ingest(other, "s-other", ["a sibling team's private note"])
