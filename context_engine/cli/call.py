@@ -2,7 +2,7 @@
 the request as JSON (proto3 JSON names), and prints the reply as JSON. Without `--token` it
 mints a development token for the scope given, from the data directory's key. The request's
 `scope` is that scope unless the JSON sets one. The engine's trailing metadata (`engine.*`, e.g.
-`engine.quarantined_matches`) goes to stderr, one `key: value` line each."""
+`engine.quarantined_matches`) goes to stderr, one `key: value` line each (a count of 0 left out)."""
 
 from __future__ import annotations
 
@@ -100,6 +100,6 @@ def call(
                        err=True)
             raise typer.Exit(1) from None
     for key, value in answered.trailing_metadata() or ():  # what the engine says beside the reply
-        if key.startswith("engine."):
+        if key.startswith("engine.") and value != "0":
             typer.echo(f"{key}: {value}", err=True)
     typer.echo(json_format.MessageToJson(reply, preserving_proto_field_name=False, indent=2))
