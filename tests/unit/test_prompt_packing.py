@@ -156,7 +156,8 @@ def test_random_inputs_stay_in_budget_and_show_every_source_once():
         history = dialogue(rng.randint(0, 30), per_time=rng.randint(1, 6))
         picked = rng.sample(history, k=min(len(history), rng.randint(0, 8)))
         others = [block("retrieved", f"a memory about item {i}", key=f"m{i}", score=rng.random(), source=f"m{i}",
-                        time="2024-04-01 09:00, memory", at=("2024-04-01", f"m{i}", 0)) for i in range(rng.randint(0, 4))]
+                        time="2024-04-01 09:00, memory", at=("2024-04-01", f"m{i}", 0))
+                  for i in range(rng.randint(0, 4))]
         retrieved = sorted([chunk_of(t, rng.random()) for t in picked] + others, key=lambda b: -(b.score or 0))
         budget = rng.randint(60, 600)
         try:
