@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import random
+import uuid
 from dataclasses import dataclass, field
 
 import structlog
@@ -106,14 +107,16 @@ def _validate(cmd: AssembleContext, max_budget: int) -> tuple[list[str], list[st
     pinned = _hint_list(cmd.hints, PINNED_HINT)
     for chunk_id in pinned:
         validation.uuid_text(chunk_id, f"hints.{PINNED_HINT}", "chunk id")
+    pinned = list(dict.fromkeys(str(uuid.UUID(i)) for i in pinned))  # one id, however it is spelled
     required = _hint_list(cmd.hints, MUST_INCLUDE_HINT)
-    for key in required:
+    for i, key in enumerate(required):
         if key.startswith("event:"):
             validation.uuid_text(key.split(":", 1)[1], f"hints.{MUST_INCLUDE_HINT}", "event id")
+            required[i] = f"event:{uuid.UUID(key.split(':', 1)[1])}"
         elif key not in MEMORY_KEYS:
             raise InvalidArgument(f"hints.{MUST_INCLUDE_HINT}",
                                   f"{key[:40]!r} is not a key: use one of {', '.join(MEMORY_KEYS)} or event:<event_id>")
-    return pinned, required
+    return pinned, list(dict.fromkeys(required))
 
 
 async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContext) -> Assembled:
@@ -261,14 +264,15 @@ async def _retrieve(deps: Deps, scope, visible: Visibility, task: str, floor: fl
 
 def _quality(retrieval: SearchOutcome | None, failure: str, packed: Packed, retrieved: list[Block],
              floor: float) -> Quality:
-    """The attestation; a retrieved chunk counts as included when it is in the prompt, in the
-    retrieved section or as part of its turn in the recent conversation (prompt_packing.py)."""
+    """The attestation; a retrieved chunk counts as included when it is in the prompt: in the
+    retrieved section, pinned, or as part of its turn in the history or the required items
+    (prompt_packing.py shows each once)."""
     if retrieval is None:
         return Quality(0.0, False, True, failure, Outcome.UNSPECIFIED, floor, 0)
     r = retrieval.result
-    in_prompt = {b.key for b in packed.blocks if b.kind == "retrieved"}
-    history = {b.source for b in packed.blocks if b.kind == "history"}
-    included = [b.score for b in retrieved if b.score is not None and (b.key in in_prompt or b.source in history)]
+    in_prompt = {b.key for b in packed.blocks if b.kind in ("retrieved", "pinned")}
+    turns = {b.source for b in packed.blocks if b.kind in ("history", "required") and b.source}
+    included = [b.score for b in retrieved if b.score is not None and (b.key in in_prompt or b.source in turns)]
     confidence = sum(included) / len(included) if included else 0.0
     if r.outcome in (Outcome.NO_RESULTS, Outcome.BELOW_THRESHOLD):
         used, reason = True, r.outcome_name
@@ -295,7 +299,7 @@ async def _chunk_ids(deps: Deps, org: str, visible: Visibility, packed: Packed) 
             out.append(b.key)
         elif b.source:
             out += by_source.get(b.source, [])
-    return out
+    return list(dict.fromkeys(out))  # a pinned chunk of a required turn is listed once
 
 
 async def _baseline(deps: Deps, org, visible: Visibility, layers, count, session_tokens: int, packed: Packed,

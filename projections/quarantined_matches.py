@@ -12,6 +12,7 @@ text as the fallback redacted it. SQL only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,13 +28,20 @@ class Quarantined:
     reason: str = ""  # the fallback reason the scan recorded most often among them
 
     def describe(self) -> str:
-        """One sentence for a caller, or "" when nothing is held back."""
+        """One sentence for a caller, or "" when nothing is held back. The scan's reason is told as
+        its gRPC status alone: the whole text (the sidecar's address, its model directory, a
+        multi-line load error) is for operators (`context-engine pii`, the worker's log)."""
         if not self.items:
             return ""
         many = "item" if self.items == 1 else "items"
         more = "+" if self.items >= MAX_COUNTED else ""
-        why = f" ({self.reason})" if self.reason else ""
-        return f"{self.items}{more} matching {many} quarantined by the PII scan{why}; {RESCAN_HINT}"
+        status = _STATUS.search(self.reason)
+        why = (f"the PII detector answered {status.group(1)}" if status
+               else "the PII detector failed" if self.reason else "no PII detector answered")
+        return f"{self.items}{more} matching {many} quarantined by the PII scan ({why}); {RESCAN_HINT}"
+
+
+_STATUS = re.compile(r"failed with ([A-Z_]{2,40})\b")
 
 
 _HELD_BACK = """

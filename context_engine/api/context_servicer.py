@@ -7,6 +7,7 @@ Methods whose issue has not landed answer UNIMPLEMENTED with a message naming th
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -204,12 +205,15 @@ def search_result_metadata(scored, expansion_applied: bool, share_id: str = "") 
 
 def quarantine_metadata(quarantined: Quarantined) -> tuple[tuple[str, str], ...]:
     """Trailing metadata: how many items matching the query are held back by the PII scan, and
-    why (projections/quarantined_matches.py). ASCII, as a text metadata value must be."""
+    why (projections/quarantined_matches.py). Printable ASCII, as a text metadata value must be
+    (any other byte would fail the whole call)."""
     pairs = [("engine.quarantined_matches", str(quarantined.items))]
     if quarantined.items:
-        pairs.append(("engine.quarantine_reason",
-                      quarantined.describe().encode("ascii", "replace").decode("ascii")))
+        pairs.append(("engine.quarantine_reason", _PRINTABLE_ASCII.sub("?", quarantined.describe())[:512]))
     return tuple(pairs)
+
+
+_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
 
 
 def _pending(method: str):

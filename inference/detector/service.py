@@ -106,7 +106,8 @@ class DetectorServicer(detector_pb2_grpc.MLDetectorServiceServicer):
         classifier = await loop.run_in_executor(self._classify_pool, self._load_classifier)
         if classifier is not None:
             await self._notify(self._classifier.name, True)
-            self._classifier.model, self._classifier.healthy = classifier, True
+            slot = self._classifier
+            slot.model, slot.problem, slot.reason, slot.healthy = classifier, "", "", True
         self._log_load(self._classifier)
         pii = await loop.run_in_executor(self._pii_pool, self._load_pii)
         if pii is not None:
@@ -146,8 +147,7 @@ class DetectorServicer(detector_pb2_grpc.MLDetectorServiceServicer):
                 "MODEL_LOAD_FAILED"
         else:
             slot.version = f"{PROMPT_GUARD_NAME}@{model.revision}"
-            slot.problem, slot.reason = "", ""
-            return model
+            return model  # the slot still says it is loading until load() makes it healthy
         return None
 
     def _load_pii(self) -> tuple[gliner_pii.PiiDetector, list[str]] | None:

@@ -106,6 +106,11 @@ async def test_hints(assembly_org, engine):
     assert required_turn.assembled_prompt.count(own_text) == 1
     assert own_text in required_turn.assembled_prompt.split("## Required context")[1].split("## ")[0]
     assert len(required_turn.chunk_ids) == len(set(required_turn.chunk_ids)) and own in required_turn.chunk_ids
+    # One id however it is spelled, and a chunk pinned and required through its turn is listed once.
+    twice = await assemble(caller, pinned_chunk_ids=f"{own},{own.upper()}",
+                           must_include=f"event:{own_event},event:{own_event.upper()}")
+    assert twice.assembled_prompt.split("## Required context")[1].count(own_text) == 1
+    assert list(twice.chunk_ids).count(own) == 1 and len(twice.chunk_ids) == len(set(twice.chunk_ids))
 
     other = engine.caller(org, "p", "other-team", "bot", clearance=2)
     await ingest(other, "s-other", ["a sibling team's private note"])
