@@ -160,10 +160,7 @@ class Stack:
         else:
             self.say(f"PostgreSQL (external) at {_redact(database_url)}")
         env[f"{ENV_PREFIX}DATABASE_URL"] = database_url
-        # The API's role gets its own password (the API reads the same file), unless the operator
-        # gave the API's URL: then that role and its password are theirs.
-        app_password = None if self.settings.api_database_url else ensure_secret(self.settings.app_password_path)
-        applied = asyncio.run(migrate(database_url, app_password=app_password))
+        applied = migrate_schema(self.settings, database_url)
         self.say(f"schema migrations: {', '.join(applied) if applied else 'up to date'}")
 
         bootstrap = self.settings.kafka_bootstrap
@@ -301,6 +298,15 @@ class Stack:
                 self.postgres.stop()
         stack_file(self.home).unlink(missing_ok=True)
         self.say("stopped")
+
+
+def migrate_schema(settings: Settings, database_url: str) -> list[str]:
+    """Bring the database of `database_url` (an admin URL) to the current schema; the versions
+    applied now. Each migration runs once whatever else migrates at the same time (an advisory
+    lock, projections/migrate.py). The API's role gets its own password (the API reads the same
+    file), unless the operator gave the API's URL: then that role and its password are theirs."""
+    app_password = None if settings.api_database_url else ensure_secret(settings.app_password_path)
+    return asyncio.run(migrate(database_url, app_password=app_password))
 
 
 def stack_file(home: Path) -> Path:

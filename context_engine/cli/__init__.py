@@ -16,7 +16,7 @@ from context_engine.cli.history import history
 from context_engine.cli.keys import keys_app
 from context_engine.cli.models import models_app
 from context_engine.cli.pii import pii_app
-from context_engine.cli.processes import serve_app, up, worker
+from context_engine.cli.processes import migrate, serve_app, up, worker
 from context_engine.cli.reindex import reindex
 from context_engine.cli.replay import replay, verify
 from context_engine.cli.stats import stats_app
@@ -28,7 +28,7 @@ __all__ = ["app", "main"]
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Context Engine: event-sourced context and memory for LLM agents.")
 # `--help` lists the commands, then the groups, each in the order registered here.
-for command in (up, status, call, history, replay, verify, reindex, worker, audit):
+for command in (up, status, call, history, replay, verify, reindex, worker, migrate, audit):
     app.command()(command)
 app.add_typer(token_app, name="token")
 app.add_typer(serve_app, name="serve")

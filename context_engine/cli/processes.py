@@ -1,4 +1,5 @@
-"""Running the engine: `up` (the whole stack), `serve api|detector` (one server process), `worker`."""
+"""Running the engine: `up` (the whole stack), `serve api|detector` (one server process), `worker`,
+and `migrate` (the schema, once, for processes run apart)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,20 @@ def worker(data_dir: DataDir = None) -> None:
         raise typer.BadParameter("set CONTEXT_ENGINE_KAFKA_BOOTSTRAP (`up` does this for its children)")
     configure_logging(settings.log_level, process="worker")
     run_worker(settings, settings.kafka_bootstrap)
+
+
+def migrate(
+    data_dir: DataDir = None,
+    database_url: Annotated[Optional[str], typer.Option(
+        help="PostgreSQL admin URL (default CONTEXT_ENGINE_DATABASE_URL)")] = None,
+) -> None:
+    """Bring the database to the current schema and exit (what `up` does first), for a deployment
+    that runs the API, workers and detector apart: each migration is applied once, however many
+    processes migrate at the same time."""
+    from context_engine.supervisor import migrate_schema
+
+    settings = command_settings(home=data_dir, database_url=database_url)
+    if not settings.database_url:
+        raise typer.BadParameter("set CONTEXT_ENGINE_DATABASE_URL or --database-url")
+    applied = migrate_schema(settings, settings.database_url)
+    typer.echo(f"schema migrations: {', '.join(applied) if applied else 'up to date'}")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -100,6 +102,27 @@ async def test_migrate_twice_is_a_no_op_the_second_time(fresh_db: str) -> None:
 async def test_concurrent_starters_apply_each_migration_once(fresh_db: str) -> None:
     results = await asyncio.gather(*(migrate(fresh_db, app_password=APP_PASSWORD) for _ in range(3)))
     assert sorted(results, key=len) == [[], [], [m.version for m in load_migrations()]]
+
+
+async def test_processes_migrating_one_empty_database_at_once_apply_each_migration_once(
+        fresh_db: str, tmp_path: Path) -> None:
+    """`context-engine migrate` in 4 processes started together (compose's one-shot service, or
+    replicas that each migrate): one applies everything, the others find it up to date."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
+    env["CONTEXT_ENGINE_HOME"] = str(tmp_path / "home")  # one app-password file for all of them
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "context_engine", "migrate", "--database-url", fresh_db, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT) for _ in range(4)]
+    outputs = [(await p.communicate())[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outputs
+    everything = "schema migrations: " + ", ".join(m.version for m in load_migrations())
+    assert sorted(o.strip() for o in outputs) == sorted([everything] + ["schema migrations: up to date"] * 3)
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        rows = await conn.fetch("SELECT version FROM schema_migrations ORDER BY version")
+        assert [r["version"] for r in rows] == [m.version for m in load_migrations()]
+    finally:
+        await conn.close()
 
 
 async def test_a_changed_migration_is_refused(fresh_db: str, tmp_path: Path) -> None:
