@@ -157,9 +157,12 @@ def test_compose_gives_the_engine_what_its_broker_and_database_ask_for(monkeypat
     takes."""
     from urllib.parse import urlsplit
 
-    secrets = {"KAFKA_PASSWORD": "from-the-env-file", "POSTGRES_PASSWORD": "another-from-the-env-file"}
+    secrets = {"KAFKA_PASSWORD": "from-the-env-file", "POSTGRES_PASSWORD": "another-from-the-env-file",
+               "DETECTOR_TOKEN": "t"}
     compose = _compose(secrets)
-    for name, value in compose["services"]["engine"]["environment"].items():
+    environments = [compose["services"][name]["environment"] for name in ("migrate", "worker", "api")]
+    assert all(e.items() >= environments[0].items() for e in environments)  # one engine environment
+    for name, value in environments[0].items():
         monkeypatch.setenv(name, str(value))
     user, secret, mechanism = compose["services"]["redpanda"]["environment"]["RP_BOOTSTRAP_USER"].split(":")
     s = Settings()
@@ -175,17 +178,17 @@ def test_compose_gives_the_engine_what_its_broker_and_database_ask_for(monkeypat
     assert database["POSTGRES_PASSWORD"] == secrets["POSTGRES_PASSWORD"]
 
 
-@pytest.mark.parametrize("missing", ["KAFKA_PASSWORD", "POSTGRES_PASSWORD"])
+@pytest.mark.parametrize("missing", ["KAFKA_PASSWORD", "POSTGRES_PASSWORD", "DETECTOR_TOKEN"])
 def test_compose_has_no_default_secret(missing):
     """Without the variable compose stops (`${VAR:?...}`), instead of a password everyone knows."""
     with pytest.raises(LookupError, match=missing):
-        _compose({"KAFKA_PASSWORD": "k", "POSTGRES_PASSWORD": "p", missing: ""})
+        _compose({"KAFKA_PASSWORD": "k", "POSTGRES_PASSWORD": "p", "DETECTOR_TOKEN": "t", missing: ""})
 
 
 def test_compose_publishes_the_database_and_the_broker_on_the_loopback_at_most():
     """The engine reaches them on the compose network; a port published on every interface would
     put the superuser's login and the broker on the host's network."""
-    services = _compose({"KAFKA_PASSWORD": "k", "POSTGRES_PASSWORD": "p"})["services"]
+    services = _compose({"KAFKA_PASSWORD": "k", "POSTGRES_PASSWORD": "p", "DETECTOR_TOKEN": "t"})["services"]
     for name in ("postgres", "redpanda"):
         for port in services[name].get("ports", []):
             assert str(port.get("host_ip") if isinstance(port, dict) else port).startswith("127.0.0.1"), (name, port)
