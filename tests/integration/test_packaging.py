@@ -9,6 +9,7 @@ not its editable finder, and its migrations are run against a real PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import shutil
@@ -17,9 +18,17 @@ import sys
 import sysconfig
 import zipfile
 
+import asyncpg
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from context_engine.auth import ensure_dev_key, mint_token
+from context_engine.embedded.process import child_preexec, free_port
 from tests.fixtures.databases import fresh_database
+from tests.fixtures.engine import unique
+from upsquad.context.v1 import context_pb2 as pb
+from upsquad.context.v1 import context_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -152,3 +161,76 @@ from upsquad.context.v1 import context_pb2
 print(pathlib.Path(streams.app.__file__).resolve())
 """, tmp_path)
     assert out.strip().startswith(str(installed.parent.parent)), out
+
+
+async def test_the_installed_wheel_runs_its_parts_apart_as_compose_does(installed, postgres_url, kafka_bootstrap,
+                                                                        tmp_path):
+    """compose.yaml's services with the image's install: `migrate`, then `worker`, `serve api` and
+    `serve detector` as separate processes on a real PostgreSQL and broker. A write through the API
+    is acknowledged, which needs the worker to have projected it, and the detector serves."""
+    api_port, detector_port = free_port(), free_port()
+    async with fresh_database(postgres_url, "context_engine_apart") as url:
+        environ = {k: v for k, v in os.environ.items()
+                   if k not in ("PYTHONPATH", "PYTHONHOME") and not k.startswith("CONTEXT_ENGINE_")}
+        engine = {**environ, "PYTHONNOUSERSITE": "1", "CONTEXT_ENGINE_HOME": str(tmp_path / "data"),
+                  "CONTEXT_ENGINE_DATABASE_URL": url, "CONTEXT_ENGINE_KAFKA_BOOTSTRAP": kafka_bootstrap,
+                  "CONTEXT_ENGINE_TOPIC_PREFIX": unique("apart"), "CONTEXT_ENGINE_API_PORT": str(api_port),
+                  "CONTEXT_ENGINE_DETECTOR_PORT": str(detector_port), "CONTEXT_ENGINE_METRICS_PORT": "-1",
+                  "CONTEXT_ENGINE_DETECTOR_SERVICE_TOKEN": "apart-token"}
+        detector = {**environ, "PYTHONNOUSERSITE": "1", "CONTEXT_ENGINE_HOME": str(tmp_path / "detector"),
+                    "CONTEXT_ENGINE_DETECTOR_PORT": str(detector_port),
+                    "CONTEXT_ENGINE_DETECTOR_SERVICE_TOKEN": "apart-token"}
+        migrated = subprocess.run([str(installed), "-m", "context_engine", "migrate"], cwd=tmp_path, env=engine,
+                                  capture_output=True, text=True, timeout=120)
+        assert migrated.returncode == 0 and migrated.stdout.startswith("schema migrations: 0001"), migrated.stderr
+        procs = []
+        try:
+            for name, args, env in (("worker", ["worker"], engine), ("api", ["serve", "api"], engine),
+                                    ("detector", ["serve", "detector"], detector)):
+                with open(tmp_path / f"{name}.log", "wb") as log:
+                    procs.append(subprocess.Popen([str(installed), "-m", "context_engine", *args], cwd=tmp_path,
+                                                  env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  preexec_fn=child_preexec()))
+            key = ensure_dev_key(tmp_path / "data" / "keys" / "jwt-hs256.key")
+            token = mint_token(key, org="apart", clearance=1)
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{api_port}") as channel, \
+                    grpc.aio.insecure_channel(f"127.0.0.1:{detector_port}") as detector_channel:
+                stub = context_pb2_grpc.ContextEngineStub(channel)
+                request = pb.IngestEventRequest(scope=pb.ScopePath(org_id="apart"), session_id="s",
+                                                event_type="message", content=b"user: hello from apart")
+                seen: list[str] = []
+
+                async def acknowledged() -> pb.IngestEventResponse:
+                    while True:  # until the API listens and the worker has joined its group
+                        assert all(p.poll() is None for p in procs), _logs(tmp_path)
+                        try:
+                            return await stub.IngestEvent(request, metadata=(("authorization", f"Bearer {token}"),
+                                                                             ("idempotency-key", "apart-1")),
+                                                          timeout=10)
+                        except grpc.aio.AioRpcError as err:
+                            seen.append(err.code().name)
+                            await asyncio.sleep(0.2)
+
+                reply = await asyncio.wait_for(acknowledged(), 120)
+                assert reply.event_id and len(reply.version_hash) == 64, seen
+                health = health_pb2_grpc.HealthStub(detector_channel)
+                status = await health.Check(health_pb2.HealthCheckRequest(service="upsquad.ml.v1.MLDetectorService"),
+                                            timeout=30, wait_for_ready=True)
+                assert status.status == health_pb2.HealthCheckResponse.SERVING
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        conn = await asyncpg.connect(url)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM session_events WHERE org_id = 'apart'") == 1
+        finally:
+            await conn.close()
+
+
+def _logs(tmp_path: pathlib.Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
