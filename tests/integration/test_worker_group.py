@@ -1,0 +1,114 @@
+"""Workers that share the log (issue #25): three `context-engine worker` processes in one consumer
+group split the partitions during a four-writer ingest burst, and one is killed with SIGKILL in the
+middle of it. Every acknowledged event is applied exactly once, none is skipped, each session's
+chain is contiguous, and `verify` (a single-process replay of the log, compared with the read
+models) finds no difference."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+
+import asyncpg
+import grpc
+import pytest
+
+from tests.fixtures.engine import WorkerProcess, running_engine, unique
+from upsquad.context.v1 import context_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+WRITERS, TURNS_EACH = 4, 60
+ASSIGNED = "Setting newly assigned partitions"
+RETRIED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+async def test_three_workers_one_killed_mid_burst_apply_every_acknowledged_event_once(
+        postgres_url, kafka_bootstrap, tmp_path):
+    async with running_engine(postgres_url, kafka_bootstrap, tmp_path) as engine:
+        others = [WorkerProcess(engine.worker.env, tmp_path / f"worker-{i}.log") for i in (1, 2)]
+        for w in others:
+            w.start()
+        workers = [engine.worker, *others]
+        # The group has settled on three members, each with a share of the event topic's partitions.
+        await asyncio.wait_for(_until(lambda: all(_event_partitions(w, engine.settings.topic_prefix)
+                                                  for w in workers)), 120)
+        org = unique("group")
+        acknowledged: dict[str, list[str]] = {}  # session -> event ids, in the order acknowledged
+        retries: list[str] = []
+        halfway = asyncio.Event()
+
+        async def writer(n: int) -> None:
+            caller = engine.caller(org, clearance=1)
+            session = f"s{n}"
+            acknowledged[session] = []
+            for turn in range(TURNS_EACH):
+                request = pb.IngestEventRequest(session_id=session, event_type="message",
+                                                content=f"user: writer {n} turn {turn}".encode())
+                while True:  # a retry with the same idempotency key is safe (docs/operations.md)
+                    try:
+                        reply = await caller("IngestEvent", request, ("idempotency-key", f"{session}/{turn}"))
+                        break
+                    except grpc.aio.AioRpcError as err:
+                        assert err.code() in RETRIED, err.details()
+                        retries.append(err.code().name)
+                        await asyncio.sleep(0.2)
+                acknowledged[session].append(reply.event_id)
+                if n == 0 and turn == TURNS_EACH // 3:
+                    halfway.set()
+
+        async def kill_one() -> None:
+            await halfway.wait()
+            others[0].proc.send_signal(signal.SIGKILL)
+
+        victim = _event_partitions(others[0], engine.settings.topic_prefix)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(writer(n) for n in range(WRITERS)), kill_one()), 300)
+        finally:
+            for w in others:
+                w.stop()
+        assert others[0].proc.returncode == -signal.SIGKILL
+        print(f"\n{WRITERS} writers x {TURNS_EACH} turns, 3 workers, the one holding event partitions {victim} "
+              f"killed at a third: {len(retries)} retried calls ({', '.join(sorted(set(retries))) or 'none'})")
+        # Its partitions moved: the survivors' latest assignments cover every event partition.
+        survivors = set().union(*(_event_partitions(w, engine.settings.topic_prefix) for w in (engine.worker,
+                                                                                               others[1])))
+        assert survivors == set(range(engine.settings.events_topic_partitions)), survivors
+
+        conn = await asyncpg.connect(engine.settings.database_url)
+        try:
+            rows = await conn.fetch("SELECT session_id, event_id::text, seq FROM session_events "
+                                    "WHERE org_id = $1 ORDER BY session_id, seq", org)
+        finally:
+            await conn.close()
+        by_session: dict[str, list[str]] = {}
+        for r in rows:
+            by_session.setdefault(r["session_id"], []).append(r["event_id"])
+        # exactly once and in the order acknowledged (one writer per session, one call at a time)
+        assert by_session == acknowledged
+        for session in acknowledged:
+            seqs = [r["seq"] for r in rows if r["session_id"] == session]
+            assert seqs == list(range(seqs[0], seqs[0] + TURNS_EACH)), (session, seqs)  # no gap
+
+        code, out = await engine.cli("verify", timeout=300)
+        assert code == 0 and "0 difference(s)" in out, out
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.5)
+
+
+def _event_partitions(worker: WorkerProcess, prefix: str) -> set[int]:
+    """The event topic's partitions in the worker's latest assignment, from its JSON log."""
+    latest = ""
+    for line in worker.log_path.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line).get("event", "")
+        except ValueError:
+            continue
+        if isinstance(event, str) and event.startswith(ASSIGNED):
+            latest = event
+    return {int(p) for p in re.findall(rf"topic='{re.escape(prefix)}\.events', partition=(\d+)", latest)}
