@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     # so a consumer that races the engine's re-creation cannot leave a topic mis-partitioned.
     events_topic_partitions: int = 4
     job_topic_partitions: int = 4
+    # Copies of each topic the engine creates: 1 for one broker; 3 on a three-broker cluster
+    # (compose.kafka-cluster.yaml) so a broker's loss loses no acknowledged record.
+    topic_replication_factor: int = Field(default=1, ge=1, le=16)
     # Consumers' fetch wait: the bundled broker holds every fetch for the full wait even when
     # data is there, so this bounds projection latency.
     consumer_fetch_max_wait_ms: int = 5

@@ -177,7 +177,8 @@ class Stack:
         # Before any client touches the broker: a Metadata request would auto-create a topic
         # with the wrong partition count.
         asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(self.settings).partitions,
-                                  security=client_security(self.settings)))
+                                  security=client_security(self.settings),
+                                  replication_factor=self.settings.topic_replication_factor))
 
         write_stack_file(self.home, database_url, bootstrap, api_address=self.settings.api_address,
                          detector_address=self.settings.detector_address)

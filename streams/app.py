@@ -118,7 +118,7 @@ def create_app(settings: Settings, bootstrap: str) -> faust.App:
 def _worker_app(settings: Settings, bootstrap: str) -> WorkerApp:
     app = WorkerApp(
         APP_ID,
-        broker=f"kafka://{bootstrap}",
+        broker=[f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()],  # a cluster's brokers
         store="memory://",
         web_enabled=False,
         topic_allow_declare=False,
@@ -143,7 +143,7 @@ def run_worker(settings: Settings, bootstrap: str) -> None:
         port = serve_metrics(settings.api_host, settings.worker_metrics_port)
         log.info("worker metrics", url=f"http://{settings.api_host}:{port}/metrics")
     asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(settings).partitions,
-                              security=client_security(settings)))
+                              security=client_security(settings), replication_factor=settings.topic_replication_factor))
     app = create_app(settings, bootstrap)
     worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True,
                           logging_config=logging_config(settings.log_level, process="worker"))

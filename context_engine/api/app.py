@@ -68,7 +68,8 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
     security, signer = client_security(settings), signer_from_settings(settings)
 
     async def recover() -> None:
-        await ensure_topics(bootstrap, topics.partitions, security=security)
+        await ensure_topics(bootstrap, topics.partitions, security=security,
+                            replication_factor=settings.topic_replication_factor)
         if settings.restore_log_from_archive:
             await restore_if_behind(bootstrap, topics.events, admin, signer=signer, security=security)
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from context_engine.config import ENV_PREFIX, Settings
-from tests.unit.test_kafka_security import _compose
+from tests.unit.test_kafka_security import _compose, _substituted
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -78,3 +78,35 @@ def test_the_detector_gets_no_credential_of_the_database_or_the_broker(compose):
 def test_the_gateway_config_balances_grpc_to_the_api_service():
     conf = (pathlib.Path(__file__).parents[2] / "deploy" / "nginx-grpc.conf").read_text()
     assert "server api:50051;" in conf and "grpc_pass grpc://context_engine_api;" in conf and "http2 on;" in conf
+
+
+def merged(base: dict, override: dict) -> dict:
+    """`docker compose -f base -f override`: mappings merge key by key, other values are replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
+def test_the_three_broker_cluster_file(compose):
+    import yaml
+
+    override = _substituted(yaml.safe_load((pathlib.Path(__file__).parents[2] / "compose.kafka-cluster.yaml")
+                                           .read_text()), SECRETS)
+    validator = jsonschema.Draft201909Validator(json.loads(SCHEMA.read_text()))
+    cluster = merged(compose, override)
+    assert [e.message for e in validator.iter_errors(override)] == []
+    assert [e.message for e in validator.iter_errors(cluster)] == []
+    brokers = [n for n in cluster["services"] if n.startswith("redpanda")]
+    assert len(brokers) == 3
+    for name in brokers:
+        command = cluster["services"][name]["command"]
+        assert f"--advertise-kafka-addr SASL://{name}:9092" in command and "enable_sasl=true" in command
+        assert cluster["services"][name]["environment"]["RP_BOOTSTRAP_USER"] == \
+            compose["services"]["redpanda"]["environment"]["RP_BOOTSTRAP_USER"]
+    for name in ("migrate", "worker", "api"):
+        env = cluster["services"][name]["environment"]
+        assert env["CONTEXT_ENGINE_KAFKA_BOOTSTRAP"].split(",") == [f"{b}:9092" for b in brokers]
+        assert env["CONTEXT_ENGINE_KAFKA_SASL_PASSWORD"] == "k"  # compose.yaml's settings kept
+        assert Settings(**{"topic_replication_factor": int(env["CONTEXT_ENGINE_TOPIC_REPLICATION_FACTOR"])}) \
+            .topic_replication_factor == 3

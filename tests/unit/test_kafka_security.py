@@ -125,9 +125,14 @@ def _compose(environ: dict[str, str]) -> dict:
     """compose.yaml as `docker compose` reads it with these variables set: ${VAR}, ${VAR:-default},
     ${VAR-default}, ${VAR:?error} and ${VAR?error} substituted (a missing required one raises)."""
     import pathlib
-    import re
 
     yaml = pytest.importorskip("yaml")
+    return _substituted(yaml.safe_load((pathlib.Path(__file__).parents[2] / "compose.yaml").read_text()), environ)
+
+
+def _substituted(document, environ: dict[str, str]):
+    """`document` with compose's variable references substituted from `environ`."""
+    import re
 
     def value(m: re.Match) -> str:
         name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
@@ -148,7 +153,7 @@ def _compose(environ: dict[str, str]) -> dict:
             return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}", value, node)
         return node
 
-    return substituted(yaml.safe_load((pathlib.Path(__file__).parents[2] / "compose.yaml").read_text()))
+    return substituted(document)
 
 
 def test_compose_gives_the_engine_what_its_broker_and_database_ask_for(monkeypatch):
@@ -192,3 +197,14 @@ def test_compose_publishes_the_database_and_the_broker_on_the_loopback_at_most()
     for name in ("postgres", "redpanda"):
         for port in services[name].get("ports", []):
             assert str(port.get("host_ip") if isinstance(port, dict) else port).startswith("127.0.0.1"), (name, port)
+
+
+def test_the_worker_bootstraps_from_every_broker_a_cluster_names(monkeypatch, tmp_path):
+    """CONTEXT_ENGINE_KAFKA_BOOTSTRAP lists a cluster's brokers, comma-separated (aiokafka's form);
+    Faust takes one URL per broker (compose.kafka-cluster.yaml)."""
+    from streams.app import _worker_app
+
+    monkeypatch.setenv("CONTEXT_ENGINE_HOME", str(tmp_path))
+    app = _worker_app(Settings(), "redpanda:9092, redpanda-1:9092,redpanda-2:9092")
+    assert [(u.scheme, u.host, u.port) for u in app.conf.broker] == [
+        ("kafka", "redpanda", 9092), ("kafka", "redpanda-1", 9092), ("kafka", "redpanda-2", 9092)]
