@@ -1,9 +1,9 @@
 """Workers that share the log (issue #25): three `context-engine worker` processes in one consumer
 group split the partitions during a four-writer ingest burst, and one is killed with SIGKILL in the
 middle of it. Every acknowledged event is applied exactly once, none is skipped, each session's
-chain (turns and pushed memory) is contiguous, and `verify` (a single-process replay of the log,
-compared with the read models) finds no difference. (The job agents are not covered: with three
-workers the pushed memory's PII scans ran but stayed `pending` in the read model, issue #25.)"""
+chain (turns and pushed memory) is contiguous, every chunk gets its vector and every pushed
+memory its PII scan (jobs the same group splits), and `verify` (a single-process replay of the
+log, compared with the read models) finds no difference."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from tests.fixtures.engine import WorkerProcess, running_engine, unique
+from tests.fixtures.settling import settled
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -71,6 +72,9 @@ async def test_three_workers_one_killed_mid_burst_apply_every_acknowledged_event
         victim = _event_partitions(others[0], engine.settings.topic_prefix)
         try:
             await asyncio.wait_for(asyncio.gather(*(writer(n) for n in range(WRITERS)), kill_one()), 300)
+            # The embedding and PII agents' jobs were split and moved the same way: the two left do
+            # all of it (no detector here: every push is scanned and quarantined).
+            await settled(engine.settings.database_url, org)
         finally:
             for w in others:
                 w.stop()
@@ -87,8 +91,11 @@ async def test_three_workers_one_killed_mid_burst_apply_every_acknowledged_event
             rows = await conn.fetch("SELECT session_id, event_id::text, seq FROM session_events "
                                     "WHERE org_id = $1 ORDER BY session_id, seq", org)
             memory_seqs = await conn.fetch("SELECT session_id, seq FROM memory_versions WHERE org_id = $1", org)
+            statuses = await conn.fetch("SELECT pii_status, count(*) FROM memory_versions WHERE org_id = $1 "
+                                        "GROUP BY 1", org)
         finally:
             await conn.close()
+        assert [tuple(r) for r in statuses] == [("quarantined", WRITERS * (TURNS_EACH // 10))]
         by_session: dict[str, list[str]] = {}
         for r in rows:
             by_session.setdefault(r["session_id"], []).append(r["event_id"])
