@@ -63,7 +63,8 @@ def guardrail_publish(
         async with admin_pool(settings) as pool:
             return await pg.publish_guardrail(
                 command, key=key, pool=pool, bootstrap=settings.kafka_bootstrap, topic=topics.events,
-                partitions=topics.partitions[topics.events], timeout=limit,
+                partitions=topics.partitions[topics.events],
+                replication_factor=settings.topic_replication_factor, timeout=limit,
                 actor=f"cli:{os.environ.get('USER', 'operator')}",
                 signer=signer_from_settings(settings), security=client_security(settings))
 
