@@ -77,7 +77,17 @@ def test_the_detector_gets_no_credential_of_the_database_or_the_broker(compose):
 
 def test_the_gateway_config_balances_grpc_to_the_api_service():
     conf = (pathlib.Path(__file__).parents[2] / "deploy" / "nginx-grpc.conf").read_text()
-    assert "server api:50051;" in conf and "grpc_pass grpc://context_engine_api;" in conf and "http2 on;" in conf
+    assert "server api:50051 resolve;" in conf and "grpc_pass grpc://context_engine_api;" in conf
+    assert "http2 on;" in conf
+    # `resolve` (the replicas' addresses looked up again, not once at start) needs a resolver, a
+    # shared-memory zone and nginx 1.27.3 or later
+    assert "resolver 127.0.0.11 " in conf and "zone context_engine_api " in conf
+
+
+def test_the_gateway_image_can_re_resolve_the_replicas(compose):
+    image = compose["services"]["api-gateway"]["image"]
+    name, _, tag = image.partition(":")
+    assert name == "nginx" and tuple(int(n) for n in tag.split(".")) >= (1, 27, 3), image
 
 
 def merged(base: dict, override: dict) -> dict:
