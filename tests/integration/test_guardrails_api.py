@@ -4,11 +4,16 @@ ValidatePrompt checks a prompt against it."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import sys
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
+from context_engine.config import Settings
 from context_engine.guardrails.trust import trusted_fingerprints
+from streams.topics import LogTopics
 from tests.fixtures.engine import unique
 from upsquad.context.v1 import context_pb2 as pb
 
@@ -70,3 +75,30 @@ async def test_publish_resolve_and_validate(engine, tmp_path):
     foreign = await stranger("ValidatePrompt", pb.ValidatePromptRequest(prompt=good, layer_hashes=[l2, l3_v2]))
     assert not foreign.valid and foreign.violation_code == "LAYER_UNKNOWN"  # another org's layers are not its chain
     assert l3  # the first L3 version stays in history; the current one is v2
+
+
+async def test_publish_creates_a_missing_event_topic_with_the_configured_copies(engine, tmp_path):
+    """Nothing consumes this prefix's topics: the layer is appended and never projected, so the
+    command times out, after creating the event topic as the engine would (tansu reports the
+    replicas asked for, all on its one broker)."""
+    path = tmp_path / "layer.txt"
+    path.write_text("Never projected.\n")
+    prefix = unique("ce-rf")
+    env = engine.cli_env() | {"CONTEXT_ENGINE_TOPIC_PREFIX": prefix, "CONTEXT_ENGINE_TOPIC_REPLICATION_FACTOR": "3"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "context_engine", "guardrail", "publish", "--level", "2", "--org", unique("org"),
+        "--file", str(path), "--timeout", "1s", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out = (await asyncio.wait_for(proc.communicate(), 120))[0].decode()
+    assert proc.returncode == 1 and "not projected within" in out, out
+    defaults = Settings.model_construct(topic_prefix=prefix)  # the command's: cli_env sets no partitions
+    topic = LogTopics.from_settings(defaults).events
+    admin = AIOKafkaAdminClient(bootstrap_servers=engine.settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    partitions = described["partitions"]
+    assert len(partitions) == defaults.events_topic_partitions
+    assert {len(p["replicas"]) for p in partitions} == {3}
