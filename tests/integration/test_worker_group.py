@@ -2,7 +2,8 @@
 group split the partitions during a four-writer ingest burst, and one is killed with SIGKILL in the
 middle of it. Every acknowledged event is applied exactly once, none is skipped, each session's
 chain (turns and pushed memory) is contiguous, every chunk gets its vector and every pushed
-memory its PII scan (jobs the same group splits), and `verify` (a single-process replay of the
+memory its PII scan, every audited cross-scope attempt its one audit row (jobs and audit
+records the same group splits), and `verify` (a single-process replay of the
 log, compared with the read models) finds no difference."""
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ async def test_three_workers_one_killed_mid_burst_apply_every_acknowledged_event
         org = unique("group")
         acknowledged: dict[str, list[str]] = {}  # session -> event ids, in the order acknowledged
         retries: list[str] = []
+        refused: list[str] = []  # sessions another team asked to assemble, once per attempt
+        intruder = engine.caller(org, "p1", "intruder", clearance=1)
         halfway = asyncio.Event()
 
         async def writer(n: int) -> None:
-            caller = engine.caller(org, clearance=1)
+            caller = engine.caller(org, "p1", f"t{n}", clearance=1)
             session = f"s{n}"
             acknowledged[session] = []
             for turn in range(TURNS_EACH):
@@ -62,6 +65,12 @@ async def test_three_workers_one_killed_mid_burst_apply_every_acknowledged_event
                     await caller("PushContext", pb.PushContextRequest(
                         session_id=session, memory_type="semantic", content=f"note {turn} of {n}".encode()),
                                  ("idempotency-key", f"{session}/memory/{turn}"))
+                    # a sibling team may not see the session: refused as absent, and audited
+                    with pytest.raises(grpc.aio.AioRpcError) as denied:
+                        await intruder("AssembleContext", pb.AssembleContextRequest(session_id=session,
+                                                                                    token_budget=500))
+                    assert denied.value.code() == grpc.StatusCode.NOT_FOUND, denied.value.details()
+                    refused.append(session)
                 if n == 0 and turn == TURNS_EACH // 3:
                     halfway.set()
 
@@ -75,6 +84,7 @@ async def test_three_workers_one_killed_mid_burst_apply_every_acknowledged_event
             # The embedding and PII agents' jobs were split and moved the same way: the two left do
             # all of it (no detector here: every push is scanned and quarantined).
             await settled(engine.settings.database_url, org)
+            audited = await asyncio.wait_for(_audit_rows(engine.settings.database_url, org, len(refused)), 120)
         finally:
             for w in others:
                 w.stop()
@@ -95,6 +105,7 @@ async def test_three_workers_one_killed_mid_burst_apply_every_acknowledged_event
                                         "GROUP BY 1", org)
         finally:
             await conn.close()
+        assert sorted(audited) == sorted((s, "use_in_assembly", "denied", "not_visible") for s in refused)
         assert [tuple(r) for r in statuses] == [("quarantined", WRITERS * (TURNS_EACH // 10))]
         by_session: dict[str, list[str]] = {}
         for r in rows:
@@ -109,6 +120,20 @@ async def test_three_workers_one_killed_mid_burst_apply_every_acknowledged_event
 
         code, out = await engine.cli("verify", timeout=300)
         assert code == 0 and "0 difference(s)" in out, out
+
+
+async def _audit_rows(database_url: str, org: str, at_least: int) -> list[tuple]:
+    """The org's audit rows once there are `at_least` of them (the audit-writer stores them)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        while True:
+            rows = await conn.fetch("SELECT resource_id, operation, outcome, denial_reason FROM audit_access "
+                                    "WHERE org_id = $1", org)
+            if len(rows) >= at_least:
+                return [tuple(r) for r in rows]
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
 
 
 async def _until(condition) -> None:
