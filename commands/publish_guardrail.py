@@ -121,7 +121,6 @@ async def publish_guardrail(command: PublishGuardrail, *, key: Ed25519PrivateKey
                             bootstrap: str, topic: str, actor: str,
                             signer: RecordSigner, security: Mapping[str, Any] | None = None,
                             timeout: float = DEFAULT_TIMEOUT_SECONDS, poll_interval: float = 0.1,
-                            partitions: int | None = None, replication_factor: int = 1,
                             trusted: Collection[str] | None = None) -> Published:
     """Sign, append (acks=all; the record signed by `signer`, streams/record_auth.py) and wait until
     the projection has decided. Raises GuardrailPublishError when it refused the layer or did not
@@ -138,26 +137,18 @@ async def publish_guardrail(command: PublishGuardrail, *, key: Ed25519PrivateKey
                          current.effective_at_ms, current.fingerprint, unchanged=True)
     event = build_event(key, command, actor=actor, now_ms=time.time_ns() // 1_000_000, current=current)
     row = await append_layer(event, pool=pool, bootstrap=bootstrap, topic=topic, signer=signer, security=security,
-                             timeout=max(0.1, deadline - time.monotonic()), poll_interval=poll_interval,
-                             partitions=partitions, replication_factor=replication_factor)
+                             timeout=max(0.1, deadline - time.monotonic()), poll_interval=poll_interval)
     return Published(row.level, row.scope_path, row.version, row.content_hash, row.effective_at_ms,
                      row.fingerprint, event_id=event.event_id)
 
 
 async def append_layer(event: Event, *, pool: asyncpg.Pool, bootstrap: str, topic: str, signer: RecordSigner,
                        security: Mapping[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                       poll_interval: float = 0.1, partitions: int | None = None,
-                       replication_factor: int = 1) -> GuardrailLayerRow:
+                       poll_interval: float = 0.1) -> GuardrailLayerRow:
     """Append a guardrail.published event (acks=all) and wait for the projection's decision: the
     version it became, or GuardrailPublishError when the projection refused it or did not decide
-    within `timeout`. With `partitions`, a missing topic is created first with that many
-    partitions of `replication_factor` copies each, as the engine creates it."""
+    within `timeout`."""
     deadline = time.monotonic() + timeout
-    if partitions is not None:  # create the topic with its configured count if it is missing
-        from streams.topics import ensure_topics
-
-        await ensure_topics(bootstrap, {topic: partitions}, timeout=max(1.0, deadline - time.monotonic()),
-                            replication_factor=replication_factor, security=security)
     async with pool.acquire() as conn:
         heard: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 

@@ -46,8 +46,7 @@ if TYPE_CHECKING:
     from context_engine.embedded.broker import EmbeddedBroker
     from context_engine.embedded.postgres import EmbeddedPostgres
 from streams import readiness
-from streams.kafka_security import client_security
-from streams.topics import LogTopics, ensure_topics
+from streams.topics import ensure_log_topics
 
 DATABASE_NAME = "context_engine"
 # The detector reaches neither PostgreSQL nor the broker, and signs nothing: it is given none of
@@ -176,9 +175,7 @@ class Stack:
         env[f"{ENV_PREFIX}KAFKA_BOOTSTRAP"] = bootstrap
         # Before any client touches the broker: a Metadata request would auto-create a topic
         # with the wrong partition count.
-        asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(self.settings).partitions,
-                                  security=client_security(self.settings),
-                                  replication_factor=self.settings.topic_replication_factor))
+        asyncio.run(ensure_log_topics(self.settings, bootstrap))
 
         write_stack_file(self.home, database_url, bootstrap, api_address=self.settings.api_address,
                          detector_address=self.settings.detector_address)

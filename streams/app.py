@@ -51,8 +51,8 @@ from streams.agents.resources import WorkerResources
 from streams.agents.savings import register_baseline_calculator
 from streams.agents.sweep import register_sweep_at_start, register_sweep_timer
 from streams.fetch_wait import AdaptiveFetchWait
-from streams.kafka_security import client_security, faust_credentials
-from streams.topics import LogTopics, ensure_topics
+from streams.kafka_security import faust_credentials
+from streams.topics import LogTopics, ensure_log_topics
 from streams.windowed_stream import WindowedStream
 
 __all__ = ["RefusalLog", "WorkerApp", "create_app", "project_batch", "run_worker"]
@@ -142,8 +142,7 @@ def run_worker(settings: Settings, bootstrap: str) -> None:
     if settings.worker_metrics_port >= 0:
         port = serve_metrics(settings.api_host, settings.worker_metrics_port)
         log.info("worker metrics", url=f"http://{settings.api_host}:{port}/metrics")
-    asyncio.run(ensure_topics(bootstrap, LogTopics.from_settings(settings).partitions,
-                              security=client_security(settings), replication_factor=settings.topic_replication_factor))
+    asyncio.run(ensure_log_topics(settings, bootstrap))
     app = create_app(settings, bootstrap)
     worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True,
                           logging_config=logging_config(settings.log_level, process="worker"))

@@ -16,6 +16,8 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import for_code
 
+from streams.kafka_security import client_security
+
 _TOPIC_ALREADY_EXISTS = 36
 # Every topic is created taking records this large (Kafka's default is 1 MB, smaller than an event
 # with a 1 MiB content once base64-encoded): the events a configured MAX_CONTENT_BYTES allows
@@ -65,6 +67,14 @@ async def ensure_topics(
         await _await_partition_counts(admin, partitions_by_topic, time.monotonic() + timeout)
     finally:
         await admin.close()
+
+
+async def ensure_log_topics(settings, bootstrap: str) -> None:
+    """Every topic of the engine's log as `settings` configure it: partition counts, copies
+    (topic_replication_factor) and the client's SASL/TLS. What each process that may be the first
+    to reach the broker runs before any other client touches it."""
+    await ensure_topics(bootstrap, LogTopics.from_settings(settings).partitions, security=client_security(settings),
+                        replication_factor=settings.topic_replication_factor)
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient) -> dict[str, int]:

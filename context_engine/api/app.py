@@ -34,7 +34,7 @@ from streams.kafka_security import client_security
 from streams.log import EventLog, record_bytes_limit
 from streams.record_auth import signer_from_settings
 from streams.restore import restore_if_behind
-from streams.topics import LogTopics, ensure_topics
+from streams.topics import LogTopics, ensure_log_topics
 from upsquad.context.v1 import context_pb2, context_pb2_grpc
 
 log = structlog.get_logger("context_engine.api")
@@ -68,8 +68,7 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
     security, signer = client_security(settings), signer_from_settings(settings)
 
     async def recover() -> None:
-        await ensure_topics(bootstrap, topics.partitions, security=security,
-                            replication_factor=settings.topic_replication_factor)
+        await ensure_log_topics(settings, bootstrap)
         if settings.restore_log_from_archive:
             await restore_if_behind(bootstrap, topics.events, admin, signer=signer, security=security)
 

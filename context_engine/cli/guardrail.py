@@ -38,7 +38,7 @@ def guardrail_publish(
     from context_engine.guardrails.trust import GuardrailTrustUnavailable, trusted_fingerprints
     from streams.kafka_security import client_security
     from streams.record_auth import signer_from_settings
-    from streams.topics import LogTopics
+    from streams.topics import LogTopics, ensure_log_topics
 
     try:
         command = pg.PublishGuardrail(level, layer_scope(level, org, pillar, team, agent),
@@ -60,11 +60,10 @@ def guardrail_publish(
     topics = LogTopics.from_settings(settings)
 
     async def go():
+        await ensure_log_topics(settings, settings.kafka_bootstrap)  # it may run before the engine first starts
         async with admin_pool(settings) as pool:
             return await pg.publish_guardrail(
-                command, key=key, pool=pool, bootstrap=settings.kafka_bootstrap, topic=topics.events,
-                partitions=topics.partitions[topics.events],
-                replication_factor=settings.topic_replication_factor, timeout=limit,
+                command, key=key, pool=pool, bootstrap=settings.kafka_bootstrap, topic=topics.events, timeout=limit,
                 actor=f"cli:{os.environ.get('USER', 'operator')}",
                 signer=signer_from_settings(settings), security=client_security(settings))
 

@@ -489,7 +489,7 @@ async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str, tmp
             assert (forced.version, forced.unchanged) == (2, False)
             assert forced.effective_at_ms > first.effective_at_ms
             changed = await publish_guardrail(PublishGuardrail(3, owner, "Quote prices in EUR or GBP.\n"),
-                                              partitions=2, **publish)
+                                              **publish)
             assert changed.version == 3
             platform = await publish_guardrail(PublishGuardrail(1, layer_scope(1), f"L1 {org}\n"), **publish)
             assert platform.level == 1 and platform.scope_path == PLATFORM_ORG
