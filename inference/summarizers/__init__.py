@@ -24,6 +24,30 @@ class Turn:
     content: str
 
 
+@dataclass(frozen=True, slots=True)
+class SummaryLine:
+    """One line of a summary and the turn it stands for (an index into the turns summarised):
+    in a prompt the line carries that turn's time, and stands in its place."""
+
+    turn: int
+    text: str  # one line: "speaker: what was kept"
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    lines: tuple[SummaryLine, ...]
+
+    @property
+    def text(self) -> str:
+        """The summary as the session.compacted event carries it: its lines, one per line."""
+        return "\n".join(line.text for line in self.lines)
+
+
+def one_line(text: str) -> str:
+    """`text` as a summary line: its line breaks and surrounding space gone."""
+    return " ".join(text.split())
+
+
 class SummarizerError(Exception):
     """The summarizer could not produce a summary (the backend's answer or its absence)."""
 
@@ -31,7 +55,7 @@ class SummarizerError(Exception):
 class Summarizer(Protocol):
     name: str  # recorded on the session.compacted event
 
-    async def summarize(self, turns: Sequence[Turn]) -> str: ...
+    async def summarize(self, turns: Sequence[Turn]) -> Summary: ...
 
 
 def summarizer_from_settings(settings: Any) -> Summarizer:

@@ -10,9 +10,9 @@ import pytest
 
 from inference.facts import extract, retention
 from inference.openai_http import RetryPolicy
-from inference.summarizers import SummarizerError, Turn
+from inference.summarizers import SummarizerError, SummaryLine, Turn
 from inference.summarizers.chat_completions import ChatCompletionsSummarizer
-from inference.summarizers.extractive import ExtractiveSummarizer, sentences, summarize
+from inference.summarizers.extractive import ExtractiveSummarizer, sentences, summarize, summary_lines
 from tests.fixtures.json_server import FakeChatServer
 
 DIALOGUE = [
@@ -83,7 +83,17 @@ def test_sentences_split_on_end_marks_and_lines() -> None:
 async def test_the_extractive_backend_is_a_summarizer() -> None:
     backend = ExtractiveSummarizer()
     assert backend.name == "extractive"
-    assert await backend.summarize(DIALOGUE) == summarize(DIALOGUE)
+    summary = await backend.summarize(DIALOGUE)
+    assert summary.text == summarize(DIALOGUE)
+    assert [line.turn for line in summary.lines] == [0, 2, 3]  # each line stands for the turn it keeps
+
+
+def test_each_speaker_of_a_turn_without_a_role_stands_for_that_turn() -> None:
+    turns = [Turn("", "Caroline: I moved to Boston.\nMelanie: I paid $40 for it."),
+             Turn("user", "We met on 7 May 2023.")]
+    assert summary_lines(turns) == [SummaryLine(0, "Caroline: I moved to Boston."),
+                                    SummaryLine(0, "Melanie: I paid $40 for it."),
+                                    SummaryLine(1, "user: We met on 7 May 2023.")]
 
 
 @pytest.fixture
@@ -101,20 +111,42 @@ def _backend(chat: FakeChatServer, **kw: object) -> ChatCompletionsSummarizer:
 
 async def test_chat_completions_sends_the_transcript_and_returns_the_completion(chat: FakeChatServer) -> None:
     summary = await _backend(chat).summarize(DIALOGUE[:2])
-    assert summary == FakeChatServer.answer
+    assert summary.text == FakeChatServer.answer and summary.lines[0].turn == 0
     [request] = chat.requests
     assert request["path"] == "/v1/chat/completions"
     assert request["headers"]["Authorization"] == "Bearer sk-test"
     body = request["body"]
     assert body["model"] == "gemini-2.5-flash-lite" and body["temperature"] == 0
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
-    assert body["messages"][1]["content"] == "user: " + DIALOGUE[0].content + "\nassistant: " + DIALOGUE[1].content
+    assert body["messages"][1]["content"] == ("[0] user: " + DIALOGUE[0].content
+                                              + "\n[1] assistant: " + DIALOGUE[1].content)
+
+
+async def test_chat_completions_lines_stand_for_the_turns_they_number(chat: FakeChatServer) -> None:
+    chat.answer = ("[2] user: We paid $40 for 2 tickets.\n\n  and Caroline was there\n"
+                   "[3]   assistant: order INV-2041\n[0] user: support group on 7 May 2023")
+    summary = await _backend(chat).summarize(DIALOGUE)
+    assert summary.lines == (SummaryLine(2, "user: We paid $40 for 2 tickets. and Caroline was there"),
+                             SummaryLine(3, "assistant: order INV-2041"),
+                             SummaryLine(0, "user: support group on 7 May 2023"))
+
+
+async def test_chat_completions_unnumbered_answers_stand_for_the_first_turn(chat: FakeChatServer) -> None:
+    chat.answer = "user: support group on 7 May 2023\nassistant: INV-2041"
+    summary = await _backend(chat).summarize(DIALOGUE)
+    assert summary.lines == (SummaryLine(0, "user: support group on 7 May 2023 assistant: INV-2041"),)
+
+
+async def test_chat_completions_a_line_for_a_turn_that_does_not_exist_is_an_error(chat: FakeChatServer) -> None:
+    chat.answer = "[5] user: support group"
+    with pytest.raises(SummarizerError, match="turn 5; the conversation has 5 turns"):
+        await _backend(chat).summarize(DIALOGUE)
 
 
 async def test_chat_completions_retries_429_and_500_then_succeeds(chat: FakeChatServer) -> None:
     chat.script = [(429, {"error": {"message": "slow down"}}, {"Retry-After": "0"}),
                    (500, {"error": {"message": "boom"}}, {})]
-    assert await _backend(chat).summarize(DIALOGUE) == FakeChatServer.answer
+    assert (await _backend(chat).summarize(DIALOGUE)).text == FakeChatServer.answer
     assert len(chat.requests) == 3
 
 
@@ -191,3 +223,63 @@ def test_a_summary_summarised_again_keeps_a_line_per_speaker_turn() -> None:
     assert first.splitlines() == ["user: My order INV-2041 ships to Lisbon.", "assistant: Noted, on 7 May 2023.",
                                   "user: And 3 lamps to Porto."]
     assert again.splitlines() == [*first.splitlines(), "user: Also a desk for Faro."]
+
+
+@pytest.mark.parametrize("sentence", [
+    "The parcel weighs 30.5 kg and costs $30.50.", "It costs €4.99 now.", "We owe 1,200.50 in all.",
+    "Prices rose 12.5 % this year.", "The flight took 3.5 hours.", "We run v2.1 in production.",
+    "Dr. Smith arrives at 9 a.m. on 7 May 2023.", "It raised $2.5 million or 30.0k euros."])
+def test_numbers_of_every_form_survive_the_summary(sentence: str) -> None:
+    """A sentence split at the dot of "30.5" came back as "30. 5": the gate refused the summary."""
+    turns = [Turn("user", f"{sentence} Thanks a lot!"), Turn("assistant", "ok")]
+    summary = summarize(turns)
+    r = retention([t.content for t in turns], summary)
+    assert sentence in summary
+    assert r.score == 1.0 and r.passes
+
+
+def test_sentences_do_not_split_decimals_versions_or_abbreviations() -> None:
+    assert sentences("It costs $30.50. Dr. Smith runs v2.1 today! Bye") == [
+        "It costs $30.50.", "Dr. Smith runs v2.1 today!", "Bye"]
+
+
+def test_a_correction_is_kept_and_the_summary_passes_the_gate() -> None:
+    """It repeats every fact of the statement it corrects: only its bindings are new."""
+    turns = [Turn("user", "Send 40 boxes to Lyon and 12 to Porto."), Turn("assistant", "Sure."),
+             Turn("user", "12 boxes to Lyon and 40 to Porto, sorry.")]
+    summary = summarize(turns)
+    assert summary.splitlines()[-1] == "user: 12 boxes to Lyon and 40 to Porto, sorry."
+    assert retention([t.content for t in turns], summary).passes
+
+
+def test_a_negation_is_kept_and_the_summary_passes_the_gate() -> None:
+    turns = [Turn("user", "The delivery is on 2024-06-10."), Turn("assistant", "ok"),
+             Turn("user", "Oh, the delivery is not on 2024-06-10.")]
+    summary = summarize(turns)
+    assert summary.splitlines()[-1] == "user: Oh, the delivery is not on 2024-06-10."
+    assert retention([t.content for t in turns], summary).passes
+
+
+def test_a_statement_made_again_after_its_correction_is_kept_last() -> None:
+    """The third turn states nothing new, but without it the summary would end on 12."""
+    turns = [Turn("user", "Send 40 boxes to Lyon."), Turn("user", "Make that 12 boxes to Lyon."),
+             Turn("user", "Oh, 40 boxes to Lyon after all.")]
+    summary = summarize(turns)
+    assert summary.splitlines() == ["user: Send 40 boxes to Lyon.", "user: Make that 12 boxes to Lyon.",
+                                    "user: Oh, 40 boxes to Lyon after all."]
+    assert retention([t.content for t in turns], summary).passes
+
+
+def test_sentences_that_ended_at_a_line_break_stay_apart_on_the_summary_line() -> None:
+    """Joined as "Lyon gets 40 Porto gets 12", Lyon would be bound to 12 and Porto to 40."""
+    turns = [Turn("user", "Lyon gets 40\nPorto gets 12"), Turn("assistant", "ok")]
+    summary = summarize(turns)
+    assert summary == "user: Lyon gets 40. Porto gets 12"
+    assert retention([t.content for t in turns], summary).passes
+
+
+@pytest.mark.parametrize("content", ["." * 50_000 + "x", "a. " * 10_000, "Lyon 1 " * 5000, "not " * 10_000 + "Lyon 5",
+                                     "1. 2. 3.", "Send 40 boxes to Lyon.\n" * 2000])
+def test_hostile_turns_summarise_to_a_summary_that_passes(content: str) -> None:
+    turns = [Turn("user", content), Turn("", "Bob paid 5 dollars."), Turn("user", content[::-1])]
+    assert retention([t.content for t in turns], summarize(turns)).passes
