@@ -1,12 +1,15 @@
 """Compact (clearance L3+, and only the session's owner scope: visibility.may_rewrite, as
 RollbackContext): strategy sliding_window (inference/compaction.py, which the compaction worker
 runs too) keeps the session's most recent turns verbatim
-(COMPACTION_KEEP_RECENT_TURNS) and replaces the older ones written at the owner scope with one
-summary turn (docs/compaction.md).
+(COMPACTION_KEEP_RECENT_TURNS) and replaces the older ones written at the owner scope in its
+history with a summary, one line per kept turn; the replaced turns stay retrievable
+(docs/compaction.md).
 
-The summary is scored by inference.facts.retention against the turns it replaces; below 0.98 the
-answer is FAILED_PRECONDITION (QUALITY_GUARDRAIL_TRIGGERED, the score and the missing facts in
-the details) and nothing is written. Otherwise a session.compacted event carries the version the
+A summary that would not cut the session's tokens by COMPACTION_MIN_SAVINGS is refused
+(FAILED_PRECONDITION, INSUFFICIENT_SAVINGS). The summary is scored by inference.facts.retention
+against the turns it replaces; below 0.98, or stating what they do not, the answer is
+FAILED_PRECONDITION (QUALITY_GUARDRAIL_TRIGGERED, the score and the facts in the details). Either
+way nothing is written. Otherwise a session.compacted event carries the version the
 turns were read at; the projector refuses it if the session has moved on (STALE), so of two
 concurrent Compacts one wins and the other is ABORTED (SESSION_CHANGED), nothing written."""
 
@@ -22,7 +25,7 @@ from context_engine.errors import Aborted, DomainError, InvalidArgument
 from context_engine.events import Event, SessionRef
 from context_engine.hashing import next_version
 from inference.compaction import STRATEGIES, plan_sliding_window
-from projections import queries
+from projections import compaction_reads, queries
 from projections.database import org_transaction
 from projections.projector.outcome import Outcome
 
@@ -52,22 +55,27 @@ async def compact(deps: Deps, principal: Principal, command: Compact) -> Compact
                                require=require_rewritable) as (conn, session):
         base = session.version
         turns = await queries.owner_turns(conn, org, command.session_id, session.scope_path)
+        session_tokens = await queries.active_tokens(conn, org, command.session_id)
     try:
         plan = await plan_sliding_window(deps.summarizer, command.session_id, turns,
                                          keep_recent=deps.settings.compaction_keep_recent_turns,
-                                         max_content_bytes=deps.settings.max_content_bytes)
+                                         max_content_bytes=deps.settings.max_content_bytes,
+                                         session_tokens=session_tokens,
+                                         min_savings=deps.settings.compaction_min_savings)
     except DomainError as exc:
         metrics.COMPACTIONS.labels("rpc", exc.reason.lower()).inc()
         raise
     body = plan.event_body(base, command.strategy, deps.summarizer.name)
     ref = SessionRef(org, command.session_id)
-    event = Event.of(body, scope=principal.scope, actor=principal.subject, aggregate=ref.aggregate)
+    event = Event.of(body, scope=principal.scope, actor=principal.subject, aggregate=ref.aggregate,
+                     event_id=plan.compaction_id)
     outcome = await deps.append(event, ref)
     if outcome == Outcome.OUT_OF_SCOPE:
         raise refused_write(deps, principal, command.session_id, "compact")
-    if outcome is None:  # acknowledged without the projector's word: its summary row says
+    if outcome is None:  # acknowledged without the projector's word: the compactions table says
         async with org_transaction(deps.pool, org, readonly=True) as conn:
-            outcome = Outcome.APPLIED if await queries.event_by_id(conn, org, event.event_id) else Outcome.STALE
+            applied = await compaction_reads.compaction_applied(conn, org, event.event_id)
+        outcome = Outcome.APPLIED if applied else Outcome.STALE
     if outcome in (Outcome.STALE, Outcome.UNKNOWN_TARGET):
         metrics.COMPACTIONS.labels("rpc", "session_changed").inc()
         raise Aborted(f"session {command.session_id!r} changed while it was being compacted (another write or "

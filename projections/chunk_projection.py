@@ -47,7 +47,7 @@ from pgvector import Vector
 
 from context_engine.validation import MAX_LABEL, refused_character
 from projections.retrieval.bm25 import K1, B, DocumentTerms, term_frequencies
-from projections.retrieval.chunking import Chunk, chunk_content, chunk_lines
+from projections.retrieval.chunking import Chunk, chunk_content, summary_line_chunk
 from projections.statement_batch import NOTHING, StatementBatch
 
 SEMANTIC = "semantic"
@@ -93,19 +93,15 @@ def _domain(metadata: dict[str, Any]) -> str:
 INLINE_INDEX_BYTES = 8 * 1024
 
 
-async def analyse(event_id: str, content: bytes, metadata: dict[str, Any], *,
-                  summary: bool = False) -> list[tuple[Chunk, DocumentTerms]]:
+async def analyse(event_id: str, content: bytes, metadata: dict[str, Any]) -> list[tuple[Chunk, DocumentTerms]]:
     """A source's chunks and their terms; a long content on a thread, off the worker's event loop."""
     if len(content) > INLINE_INDEX_BYTES:
-        return await asyncio.to_thread(analysed_chunks, event_id, content, metadata, summary=summary)
-    return analysed_chunks(event_id, content, metadata, summary=summary)
+        return await asyncio.to_thread(analysed_chunks, event_id, content, metadata)
+    return analysed_chunks(event_id, content, metadata)
 
 
-def analysed_chunks(event_id: str, content: bytes, metadata: dict[str, Any], *,
-                    summary: bool = False) -> list[tuple[Chunk, DocumentTerms]]:
-    """`summary`: a compaction summary, a chunk per line (chunking rule 5)."""
-    chunks = (chunk_lines(event_id, content) if summary
-              else chunk_content(event_id, content, content_type=_content_type(content, metadata)))
+def analysed_chunks(event_id: str, content: bytes, metadata: dict[str, Any]) -> list[tuple[Chunk, DocumentTerms]]:
+    chunks = chunk_content(event_id, content, content_type=_content_type(content, metadata))
     return [(c, term_frequencies(c.content)) for c in chunks]
 
 
@@ -155,20 +151,26 @@ class ChunkProjection:
 
     async def add(self, *, event_id: str, source_kind: str, session_id: str | None, scope_path: str,
                   content: bytes, metadata: dict[str, Any], created_at: dt.datetime,
-                  pii_status: str = "clear", active: bool = True, added_by: str | None = None,
-                  summary: bool = False) -> None:
+                  pii_status: str = "clear", active: bool = True, added_by: str | None = None) -> None:
         """Chunk a source's content. `added_by`: the event applying this (default: the source
-        itself; a memory's chunks are added by its memory.scrubbed event). `summary`: a compaction
-        summary (its session_events row's event_type 'compaction', which deferred indexing reads).
-        A content longer than INLINE_INDEX_BYTES is only asked for here (`defer_long`): it is
-        indexed after the commit."""
+        itself; a memory's chunks are added by its memory.scrubbed event). A content longer than
+        INLINE_INDEX_BYTES is only asked for here (`defer_long`): it is indexed after the commit."""
         if self.defer_long and len(content) > INLINE_INDEX_BYTES:
             self.deferred[event_id] = (source_kind, added_by or event_id)
             return
-        self.add_analysed(await analyse(event_id, content, metadata, summary=summary), event_id=event_id,
+        self.add_analysed(await analyse(event_id, content, metadata), event_id=event_id,
                           source_kind=source_kind,
                           session_id=session_id, scope_path=scope_path, metadata=metadata, created_at=created_at,
                           pii_status=pii_status, active=active, added_by=added_by)
+
+    def add_summary_line(self, *, event_id: str, session_id: str, scope_path: str, text: str, tokens: int,
+                         metadata: dict[str, Any], created_at: dt.datetime) -> None:
+        """The one chunk of a compaction summary's line (chunking rule 5): shown, never retrieved,
+        so it has no postings, no statistics and no vector (source_kind 'summary' is not searchable)."""
+        c = summary_line_chunk(event_id, text, tokens)
+        self.pending.chunks.append((str(c.id), scope_path, event_id, "summary", session_id, c.index, _domain(metadata),
+                                    c.content, c.content_hash, c.token_count, 0, orjson.dumps(metadata).decode(),
+                                    created_at, True, "clear"))
 
     def add_analysed(self, analysed: list[tuple[Chunk, DocumentTerms]], *, event_id: str, source_kind: str,
                      session_id: str | None, scope_path: str, metadata: dict[str, Any], created_at: dt.datetime,

@@ -1,5 +1,6 @@
 """Reads of compaction's read models: the open requests the worker acts on (`compaction_requests`,
-opened by session.compaction_threshold, closed by the threshold event, a compaction or a rollback)
+opened by session.compaction_threshold, closed by the threshold event, a compaction, a rollback or
+the worker's refusal)
 and the applied compactions `context-engine stats compaction` reports (`compactions`).
 
 Each function takes a connection on which the caller has set `app.org_id` for this transaction
@@ -59,6 +60,7 @@ class CompactionStats:
     closed_compacted: int
     closed_rolled_back: int
     closed_below_threshold: int
+    closed_refused: int
     compactions: int
     by_worker: int
     original_tokens: int
@@ -73,7 +75,7 @@ async def compaction_stats(pool: asyncpg.Pool, org_id: str | None = None) -> lis
     async with org_transaction(pool, org_id or SYSTEM_ORG, readonly=True) as conn:
         rows = await conn.fetch(_STATS, org_id, WORKER_ACTOR)
     return [CompactionStats(r["org_id"], r["opened"], r["open"], r["compacted"], r["rolled_back"], r["below"],
-                            r["compactions"], r["by_worker"], r["original_tokens"], r["compacted_tokens"],
+                            r["refused"], r["compactions"], r["by_worker"], r["original_tokens"], r["compacted_tokens"],
                             r["min_score"], r["mean_score"]) for r in rows]
 
 
@@ -82,7 +84,8 @@ WITH requests AS (
     SELECT org_id, count(*) AS opened, count(*) FILTER (WHERE closed_by IS NULL) AS open,
            count(*) FILTER (WHERE closed_reason = 'compacted') AS compacted,
            count(*) FILTER (WHERE closed_reason = 'rolled_back') AS rolled_back,
-           count(*) FILTER (WHERE closed_reason = 'below_threshold') AS below
+           count(*) FILTER (WHERE closed_reason = 'below_threshold') AS below,
+           count(*) FILTER (WHERE closed_reason = 'refused') AS refused
     FROM compaction_requests WHERE $1::text IS NULL OR org_id = $1 GROUP BY org_id
 ), applied AS (
     SELECT org_id, count(*) AS compactions, count(*) FILTER (WHERE actor = $2) AS by_worker,
@@ -92,7 +95,7 @@ WITH requests AS (
 )
 SELECT coalesce(r.org_id, a.org_id) AS org_id,
        coalesce(r.opened, 0) AS opened, coalesce(r.open, 0) AS open, coalesce(r.compacted, 0) AS compacted,
-       coalesce(r.rolled_back, 0) AS rolled_back, coalesce(r.below, 0) AS below,
+       coalesce(r.rolled_back, 0) AS rolled_back, coalesce(r.below, 0) AS below, coalesce(r.refused, 0) AS refused,
        coalesce(a.compactions, 0) AS compactions, coalesce(a.by_worker, 0) AS by_worker,
        coalesce(a.original_tokens, 0) AS original_tokens, coalesce(a.compacted_tokens, 0) AS compacted_tokens,
        a.min_score, a.mean_score

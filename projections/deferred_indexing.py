@@ -41,17 +41,17 @@ import orjson
 
 from projections.chunk_projection import ChunkProjection, analysed_chunks
 
-# Per source kind: its table, key, creation time, PII state, and whether it is a compaction summary.
+# Per source kind: its table, key, creation time and PII state.
 _SOURCES = {
-    "event": ("session_events", "event_id", "e.occurred_at", "'clear'", "e.event_type = 'compaction'"),
-    "memory": ("memory_versions", "event_id", "e.created_at", "e.pii_status", "false"),
+    "event": ("session_events", "event_id", "e.occurred_at", "'clear'"),
+    "memory": ("memory_versions", "event_id", "e.created_at", "e.pii_status"),
 }
 
 
 def _read(kind: str, lock: bool) -> str:
-    table, key, created, pii, summary = _SOURCES[kind]
+    table, key, created, pii = _SOURCES[kind]
     return (f"SELECT r.source_event_id, r.added_by, e.scope_path, e.session_id, e.metadata::text AS metadata, "
-            f"{created} AS created_at, e.active, {pii} AS pii_status, {summary} AS summary"
+            f"{created} AS created_at, e.active, {pii} AS pii_status"
             + ("" if lock else ", e.content")
             + f" FROM indexing_requests r JOIN {table} e ON e.org_id = r.org_id AND e.{key} = r.source_event_id "
               "WHERE r.org_id = $1 AND r.source_event_id = $2 AND r.source_kind = $3"
@@ -61,7 +61,7 @@ def _read(kind: str, lock: bool) -> str:
 def _lock_source(kind: str) -> str:
     """The source row first, then (in `_read`) the request: the order of the projector's
     rollbacks (session_events) and rescans (memory_versions, then the request)."""
-    table, key, _created, _pii, _summary = _SOURCES[kind]
+    table, key, _created, _pii = _SOURCES[kind]
     return f"SELECT 1 FROM {table} WHERE org_id = $1 AND {key} = $2 FOR SHARE"
 
 
@@ -126,7 +126,7 @@ def _rows(chunks: ChunkProjection, read: asyncpg.Record, kind: str):
     """Cut, analyse and build the source's rows (a background thread's work)."""
     source = str(read["source_event_id"])
     metadata = orjson.loads(read["metadata"])
-    chunks.add_analysed(analysed_chunks(source, bytes(read["content"]), metadata, summary=read["summary"]),
+    chunks.add_analysed(analysed_chunks(source, bytes(read["content"]), metadata),
                         event_id=source,
                         source_kind=kind, session_id=read["session_id"], scope_path=read["scope_path"],
                         metadata=metadata, created_at=read["created_at"], pii_status=read["pii_status"],

@@ -341,18 +341,29 @@ async def applied_event_ids(conn: asyncpg.Connection, org_id: str, event_ids: It
 
 @dataclass(frozen=True)
 class OwnerTurn:
-    """An active turn of a session written at its owner scope: what Compact may replace."""
+    """An active turn of a session written at its owner scope (or a line of a compaction's
+    summary, `summary`): what Compact may replace."""
 
     event_id: str
     content: bytes
     role: str
     token_count: int
+    summary: bool = False
 
 
 async def owner_turns(conn: asyncpg.Connection, org_id: str, session_id: str, owner_path: str) -> list[OwnerTurn]:
     """The session's active turns written at `owner_path`, in conversation order."""
     rows = await conn.fetch(
-        "SELECT event_id, content, metadata ->> 'role' AS role, token_count FROM session_events "
+        "SELECT event_id, content, metadata ->> 'role' AS role, token_count, summary_of IS NOT NULL AS summary "
+        "FROM session_events "
         "WHERE org_id = $1 AND session_id = $2 AND active AND scope_path = $3 ORDER BY seq, occurred_at",
         org_id, session_id, owner_path)
-    return [OwnerTurn(str(r["event_id"]), bytes(r["content"]), r["role"] or "", r["token_count"]) for r in rows]
+    return [OwnerTurn(str(r["event_id"]), bytes(r["content"]), r["role"] or "", r["token_count"], r["summary"])
+            for r in rows]
+
+
+async def active_tokens(conn: asyncpg.Connection, org_id: str, session_id: str) -> int:
+    """The stored (cl100k) tokens of the session's history: its active turns, every scope's."""
+    return int(await conn.fetchval(
+        "SELECT coalesce(sum(token_count), 0) FROM session_events WHERE org_id = $1 AND session_id = $2 AND active",
+        org_id, session_id))

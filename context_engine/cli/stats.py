@@ -60,6 +60,7 @@ def stats_compaction(
         typer.echo("no compaction requested or done yet")
         return
     typer.echo(f"{'org':<24} {'requests':>8} {'open':>5} {'compacted':>9} {'rolled back':>11} {'below':>5} "
+               f"{'refused':>7} "
                f"{'compactions':>11} {'by worker':>9} {'tokens before':>13} {'after':>10} {'reduction':>9} "
                f"{'min score':>9} {'mean score':>10}")
     for r in rows:
@@ -67,5 +68,6 @@ def stats_compaction(
         scores = (f"{r.min_score:>9.4f} {r.mean_score:>10.4f}" if r.min_score is not None
                   else f"{'-':>9} {'-':>10}")
         typer.echo(f"{r.org_id:<24} {r.requests_opened:>8} {r.requests_open:>5} {r.closed_compacted:>9} "
-                   f"{r.closed_rolled_back:>11} {r.closed_below_threshold:>5} {r.compactions:>11} {r.by_worker:>9} "
+                   f"{r.closed_rolled_back:>11} {r.closed_below_threshold:>5} {r.closed_refused:>7} "
+                   f"{r.compactions:>11} {r.by_worker:>9} "
                    f"{r.original_tokens:>13} {r.compacted_tokens:>10} {reduction:>9.1%} {scores}")

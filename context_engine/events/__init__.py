@@ -18,7 +18,14 @@ from .registry import (
                        content_b64,
                        event_type,
 )
-from .session import CompactionThreshold, EventIngested, SessionCompacted, SessionRolledBack, SnapshotCreated
+from .session import (
+                       CompactionRefused,
+                       CompactionThreshold,
+                       EventIngested,
+                       SessionCompacted,
+                       SessionRolledBack,
+                       SnapshotCreated,
+)
 from .share import ShareCreated, ShareRevoked
 
 EVENT_INGESTED = EventIngested.TYPE
@@ -28,16 +35,19 @@ SESSION_ROLLED_BACK = SessionRolledBack.TYPE
 EMBEDDING_RECORDED = EmbeddingRecorded.TYPE
 MEMORY_SCRUBBED = MemoryScrubbed.TYPE
 COMPACTION_THRESHOLD = CompactionThreshold.TYPE
+COMPACTION_REFUSED = CompactionRefused.TYPE
 SESSION_COMPACTED = SessionCompacted.TYPE
 GUARDRAIL_PUBLISHED = GuardrailPublished.TYPE
 SHARE_CREATED = ShareCreated.TYPE
 SHARE_REVOKED = ShareRevoked.TYPE
 
 __all__ = [
-    "BODY_TYPES", "COMPACTION_THRESHOLD", "CURRENT_VERSIONS", "EMBEDDING_RECORDED", "EVENT_INGESTED",
+    "BODY_TYPES", "COMPACTION_REFUSED", "COMPACTION_THRESHOLD", "CURRENT_VERSIONS", "EMBEDDING_RECORDED",
+    "EVENT_INGESTED",
     "GUARDRAIL_PUBLISHED", "MEMORY_PUSHED", "MEMORY_SCRUBBED", "SESSION_COMPACTED", "SESSION_ROLLED_BACK",
     "SNAPSHOT_CREATED",
-    "UPCASTERS", "CompactionThreshold", "EmbeddingRecorded", "Event", "EventBody", "EventDecodeError",
+    "UPCASTERS", "CompactionRefused", "CompactionThreshold", "EmbeddingRecorded", "Event", "EventBody",
+    "EventDecodeError",
     "EventIngested", "GuardrailPublished", "MemoryPushed", "MemoryScrubbed", "Payload", "SessionRef",
     "SHARE_CREATED", "SHARE_REVOKED", "SessionCompacted", "SessionRolledBack", "ShareCreated", "ShareRevoked",
     "SnapshotCreated",

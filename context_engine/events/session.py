@@ -123,26 +123,45 @@ class CompactionThreshold(EventBody):
         return cls(p["session_id"], crossed, *counts)
 
 
+def _compacted_v1_to_v2(payload: Payload) -> Payload:
+    """v1 had no id of its own (two equal compactions made one version) and did not say which
+    turn each line of its summary stands for."""
+    return {**payload, "compaction_id": "", "stands_for": [], "line_tokens": []}
+
+
+def _id_list(p: Payload, key: str) -> tuple[str, ...]:
+    values = p[key]
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"payload.{key} must be a list of event ids")
+    return tuple(values)
+
+
 @event_type
 @dataclass(frozen=True, slots=True)
 class SessionCompacted(EventBody):
-    """An older prefix of the session's active turns (`replaced`, event ids, all written at the
-    session's owner scope) is replaced by one summary turn, while the session is at
-    `base_version` (the projector refuses it otherwise: STALE). The replaced turns stay in the log
-    and in the audit view; a rollback to a version before this one brings them back."""
+    """Older turns of the session (`replaced`, event ids, all written at the session's owner
+    scope) leave its history for a summary, while the session is at `base_version` (the projector
+    refuses it otherwise: STALE). The summary is one line per kept turn: line i stands for the
+    turn `stands_for[i]` and costs `line_tokens[i]` (cl100k). The replaced turns stay in the log,
+    in the audit view and in retrieval; a rollback to a version before this one brings them back
+    into the history. `compaction_id` (the event's id) gives every compaction its own version."""
 
     TYPE = "session.compacted"
-    SCHEMA_VERSION = 1
+    SCHEMA_VERSION = 2
+    UPCASTERS = {1: _compacted_v1_to_v2}
 
     session_id: str
     base_version: str
     replaced: tuple[str, ...]
-    summary_b64: str  # standard base64 of the summary's UTF-8 text
+    summary_b64: str  # standard base64 of the summary's UTF-8 text, its lines joined by "\n"
     strategy: str
     summarizer: str
     fact_retention_score: float
     original_tokens: int
     compacted_tokens: int
+    compaction_id: str = ""
+    stands_for: tuple[str, ...] = ()  # per summary line; () in v1 events
+    line_tokens: tuple[int, ...] = ()  # per summary line; () in v1 events
 
     @property
     def summary(self) -> bytes:
@@ -152,14 +171,45 @@ class SessionCompacted(EventBody):
         return {"session_id": self.session_id, "base_version": self.base_version, "replaced": list(self.replaced),
                 "summary_b64": self.summary_b64, "strategy": self.strategy, "summarizer": self.summarizer,
                 "fact_retention_score": self.fact_retention_score, "original_tokens": self.original_tokens,
-                "compacted_tokens": self.compacted_tokens}
+                "compacted_tokens": self.compacted_tokens, "compaction_id": self.compaction_id,
+                "stands_for": list(self.stands_for), "line_tokens": list(self.line_tokens)}
 
     @classmethod
     def from_payload(cls, p: Payload) -> SessionCompacted:
-        replaced = p["replaced"]
-        if not isinstance(replaced, list) or not all(isinstance(r, str) for r in replaced):
-            raise ValueError("payload.replaced must be a list of event ids")
-        return cls(session_id=p["session_id"], base_version=p["base_version"], replaced=tuple(replaced),
+        line_tokens = p["line_tokens"]
+        if not isinstance(line_tokens, list) or not all(type(n) is int and n >= 0 for n in line_tokens):
+            raise ValueError("payload.line_tokens must be a list of token counts")
+        return cls(session_id=p["session_id"], base_version=p["base_version"], replaced=_id_list(p, "replaced"),
                    summary_b64=p["summary_b64"], strategy=str(p["strategy"]), summarizer=str(p["summarizer"]),
                    fact_retention_score=float(p["fact_retention_score"]),
-                   original_tokens=int(p["original_tokens"]), compacted_tokens=int(p["compacted_tokens"]))
+                   original_tokens=int(p["original_tokens"]), compacted_tokens=int(p["compacted_tokens"]),
+                   compaction_id=str(p["compaction_id"]), stands_for=_id_list(p, "stands_for"),
+                   line_tokens=tuple(line_tokens))
+
+
+@event_type
+@dataclass(frozen=True, slots=True)
+class CompactionRefused(EventBody):
+    """The compaction worker will not compact for the request `request` (the event that opened
+    it) at the session's version `at_version`, for `reason` (the refusal's lower-case code:
+    nothing_to_compact, insufficient_savings, quality_guardrail_triggered, summary_too_large,
+    disabled, expired): the request closes, and AssembleContext opens no new one for the session
+    until its version changes."""
+
+    TYPE = "session.compaction_refused"
+    SCHEMA_VERSION = 1
+
+    session_id: str
+    request: str
+    at_version: str
+    reason: str
+    detail: str = ""
+
+    def to_payload(self) -> Payload:
+        return {"session_id": self.session_id, "request": self.request, "at_version": self.at_version,
+                "reason": self.reason, "detail": self.detail}
+
+    @classmethod
+    def from_payload(cls, p: Payload) -> CompactionRefused:
+        return cls(session_id=p["session_id"], request=str(p["request"]), at_version=str(p["at_version"]),
+                   reason=str(p["reason"]), detail=str(p.get("detail") or ""))

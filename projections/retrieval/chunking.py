@@ -22,10 +22,10 @@
 4. **Overlap.** Each window after the first starts with the trailing pieces of the previous
    window that fit in ``overlap_tokens`` (default 32): whole sentences only, so the overlap is
    "the last sentence or so", never a cut word. A hard-cut piece is too long to be carried.
-5. **A summary by its lines.** A compaction summary (docs/compaction.md) is one line per turn
-   it replaced, and each non-empty line is a chunk (a line over ``max_tokens`` is cut by rules
-   3-4), so retrieval picks the moments a question needs, as it did from the turns, rather than
-   a window of several turns at a time (:func:`chunk_lines`).
+5. **A summary line is one chunk.** A compaction summary is one session_events row per line
+   (docs/compaction.md), and each is ONE chunk whatever its length (:func:`summary_line_chunk`):
+   it is shown in a prompt, never retrieved (the turns it stands for are), so it is neither cut
+   for the embedder nor indexed.
 6. **Identity.** ``id = UUIDv5(CHUNK_NAMESPACE, f"{source_event_id}#{index}")``: replaying an
    event reproduces its chunk ids. ``content_hash = SHA-256(content as UTF-8)`` in lowercase
    hex: identical content gives an identical hash, whatever event it came from, so embeddings
@@ -52,7 +52,7 @@ __all__ = [
     "ENCODING",
     "Chunk",
     "chunk_content",
-    "chunk_lines",
+    "summary_line_chunk",
     "chunk_id",
     "chunk_text",
     "content_hash",
@@ -261,17 +261,10 @@ def chunk_text(source_event_id: str, text: str, *, max_tokens: int = DEFAULT_MAX
     ]
 
 
-def chunk_lines(source_event_id: str, content: bytes, *, max_tokens: int = DEFAULT_MAX_TOKENS,
-                overlap_tokens: int = DEFAULT_OVERLAP_TOKENS) -> list[Chunk]:
-    """Chunks of a compaction summary: one per non-empty line (rule 5); none if not UTF-8."""
-    try:
-        text = content.decode("utf-8")
-    except UnicodeDecodeError:
-        return []
-    pieces = [(c.content, c.token_count) for line in retrieval_text(text).splitlines()
-              for c in chunk_text(source_event_id, line, max_tokens=max_tokens, overlap_tokens=overlap_tokens)]
-    return [Chunk(chunk_id(source_event_id, i), source_event_id, i, p, content_hash(p), n)
-            for i, (p, n) in enumerate(pieces)]
+def summary_line_chunk(source_event_id: str, text: str, token_count: int) -> Chunk:
+    """The chunk of a compaction summary's line (rule 5): the line whole, `token_count` its
+    stored cl100k count."""
+    return Chunk(chunk_id(source_event_id, 0), source_event_id, 0, text, content_hash(text), token_count)
 
 
 def chunk_content(source_event_id: str, content: Any, *, content_type: str = "text/plain",

@@ -1,6 +1,7 @@
 """`compaction-worker`: CompactionJobs -> session.compacted events (streams/compaction_worker.py),
-and the requests a lost job left open: all of them once at start, then every `SWEEP_INTERVAL_S`
-those older than `SWEEP_MIN_AGE_S` but the ones refused for what would refuse them again."""
+and the requests a lost job or a failure left open: all of them once at start, then every
+`SWEEP_INTERVAL_S` those older than `SWEEP_MIN_AGE_S` (closed as expired once older than the
+expiry)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from google.protobuf.message import DecodeError
 
 from streams.agents.resources import WorkerResources
 from streams.agents.sweep import SWEEP_INTERVAL_S, SWEEP_MIN_AGE_S
-from streams.compaction_worker import CompactionWorker
 from streams.jobs import open_envelope
 from upsquad.context.v1 import stream_pb2
 
@@ -38,15 +38,8 @@ def register_compaction_worker(app: faust.App, resources: WorkerResources) -> No
 
     @app.task
     async def compact_open_requests_at_start() -> None:
-        await compact_open_requests(await resources.compactor(), dt.timedelta(0), retry=True)
+        await (await resources.compactor()).sweep(dt.timedelta(0))
 
     @app.timer(SWEEP_INTERVAL_S)
     async def compact_lost_requests() -> None:
-        await compact_open_requests(await resources.compactor(), dt.timedelta(seconds=SWEEP_MIN_AGE_S), retry=False)
-
-
-async def compact_open_requests(worker: CompactionWorker, older_than: dt.timedelta, *, retry: bool) -> None:
-    """Compact the sessions of open requests (`retry`: also those refused for good in this process)."""
-    async for org_id, session_id, opened_by in worker.open_requests(older_than=older_than):
-        if retry or opened_by not in worker.settled:
-            await worker.compact(org_id, session_id)
+        await (await resources.compactor()).sweep(dt.timedelta(seconds=SWEEP_MIN_AGE_S))

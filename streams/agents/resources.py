@@ -122,7 +122,9 @@ class WorkerResources:
                                                enabled=s.compaction_on_threshold,
                                                keep_recent=s.compaction_keep_recent_turns,
                                                max_content_bytes=s.max_content_bytes,
-                                               verdict_timeout_s=max(30.0, s.ack_timeout_seconds))
+                                               verdict_timeout_s=max(30.0, s.ack_timeout_seconds),
+                                               min_savings=s.compaction_min_savings,
+                                               request_expiry_s=s.compaction_request_expiry_seconds)
         return self._compactor
 
     async def vector_assigner(self) -> VectorAssigner:

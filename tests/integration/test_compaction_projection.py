@@ -1,8 +1,8 @@
-"""session.compacted through the real log, worker and PostgreSQL (issue #22): the summary
-replaces the older turns in the session's state, history and retrieval; rollback across it
-brings them back; a stale, foreign or malformed compaction changes nothing; replay reproduces it.
-The Compact RPC that writes these events is not built yet: the events here are appended by a
-trusted writer, as the handler will."""
+"""session.compacted through the real log, worker and PostgreSQL (issues #22, #36): the summary
+replaces the older turns in the session's state and history, and they stay retrievable;
+rollback across it brings them back; a stale, foreign or malformed compaction changes nothing;
+replay reproduces it. The events here are appended by a trusted writer, as the Compact RPC and
+the worker do; a v1 event (no line stands for a turn) reads as the v2 the engine writes now."""
 
 from __future__ import annotations
 
@@ -70,15 +70,17 @@ async def test_a_compaction_replaces_the_older_turns_with_its_summary(engine):
     depth = await fetch(engine, "SELECT depth FROM session_versions WHERE org_id = $1 AND session_id = $2 "
                                 "AND version = $3", org, sid, version)
     assert depth[0]["depth"] == 3
-    # Retrieval finds the summary, not the turns it replaced.
+    # Retrieval finds the turns it replaced (recall storage), not the summary.
     await settled(engine.settings.database_url, org)
     found = await lead("Search", pb.SearchRequest(query="INV-2041 Lisbon", top_k=10))
-    assert SUMMARY.decode() in [r.content for r in found.results]
-    assert TURNS[0].decode() not in [r.content for r in found.results]
+    assert SUMMARY.decode() not in [r.content for r in found.results]
+    assert TURNS[0].decode() in [r.content for r in found.results]
     prompt = (await lead("AssembleContext", pb.AssembleContextRequest(
         session_id=sid, task_description="where does the order ship?", token_budget=4000,
         model_id="gpt-4"))).assembled_prompt
-    assert prompt.count(SUMMARY.decode()) == 1 and "you are welcome" not in prompt
+    # The line stands for the first turn, which retrieval found: the turn is shown in its place, once.
+    assert SUMMARY.decode() not in prompt and prompt.count(TURNS[0].decode()) == 1
+    assert prompt.index(TURNS[0].decode()) > prompt.index("## Recent conversation")
 
 
 async def test_rollback_across_a_compaction_brings_the_turns_back_forward_removes_them_replay_agrees(engine):

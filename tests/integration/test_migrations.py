@@ -345,3 +345,61 @@ async def test_snapshot_names_become_their_creators_with_the_archived_scope(admi
             "SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname IN ('snapshots', 'event_archive')")
     finally:
         await conn.close()
+
+
+async def test_compactions_projected_before_0025_keep_their_turns_retrievable(admin_db: str, tmp_path: Path,
+                                                                             request) -> None:
+    """0025 makes the turns a compaction replaced retrievable again (recall storage) and the chunks
+    of a summary written as one row shown only, with the statistics recounted over what is
+    searchable now."""
+    app_role = getattr(request.node, "app_role", APP_ROLE)
+    before = tmp_path / "before"
+    before.mkdir()
+    for m in load_migrations():
+        if m.version < "0025":
+            shutil.copy(MIGRATIONS_DIR / m.name, before / m.name)
+    await migrate(admin_db, app_role=app_role, app_password=APP_PASSWORD, directory=before)
+    turns, summary = [uuid.uuid4(), uuid.uuid4()], uuid.uuid4()
+    chunk = {source: uuid.uuid4() for source in (*turns, summary)}
+    conn = await asyncpg.connect(admin_db)
+    try:
+        async with conn.transaction():  # what the projector wrote before 0025
+            await conn.execute("SELECT set_config('app.org_id', 'org-a', true)")
+            for seq, (item, active, replaces) in enumerate(
+                    ((turns[0], False, []), (turns[1], False, []), (summary, True, [1, 2])), start=1):
+                await conn.execute(
+                    "INSERT INTO session_items (org_id, session_id, seq, event_id, kind, content_hash, prev_seq, "
+                    "version, active, occurred_at, replaces) VALUES ('org-a', 's', $1, $2, 'event', 'h', $3, 'v', $4, "
+                    "now(), $5)", seq, item, seq - 1, active, replaces)
+                await conn.execute(
+                    "INSERT INTO session_events (event_id, org_id, session_id, seq, scope_path, event_type, content, "
+                    "content_sha256, token_count, version, occurred_at, active) VALUES ($1, 'org-a', 's', $2, "
+                    "'org-a', $3, 'text', 'h', 1, 'v', now(), $4)",
+                    item, 1 if item == summary else seq, "compaction" if item == summary else "message", active)
+                await conn.execute(
+                    "INSERT INTO chunks (chunk_id, org_id, scope_path, source_event_id, source_kind, session_id, "
+                    "chunk_index, content, content_hash, token_count, term_count, created_at, active) "
+                    "VALUES ($1, 'org-a', 'org-a', $2, 'event', 's', 0, 'lisbon order', 'h', 2, 2, now(), $3)",
+                    chunk[item], item, active)
+                await conn.execute(
+                    "INSERT INTO chunk_terms (org_id, term, chunk_id, tf, doc_length, scope_path, domain, searchable, "
+                    "impact) VALUES ('org-a', 'lisbon', $1, 1, 2, 'org-a', '', $2, 1.0)", chunk[item], active)
+            await conn.execute("INSERT INTO corpus_stats (org_id, scope_path, domain, n_docs, total_length, "
+                               "token_total) VALUES ('org-a', 'org-a', '', 1, 2, 2)")
+            await conn.execute("INSERT INTO term_stats (org_id, scope_path, domain, term, df) "
+                               "VALUES ('org-a', 'org-a', '', 'lisbon', 1)")
+        assert await migrate(admin_db, app_role=app_role, app_password=APP_PASSWORD) == \
+            [m.version for m in load_migrations() if m.version >= "0025"]
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('app.org_id', 'org-a', true)")
+            rows = {r["source_event_id"]: (r["source_kind"], r["searchable"]) for r in await conn.fetch(
+                "SELECT source_event_id, source_kind, searchable FROM chunks")}
+            assert rows == {turns[0]: ("event", True), turns[1]: ("event", True), summary: ("summary", False)}
+            assert dict(await conn.fetch("SELECT chunk_id, searchable FROM chunk_terms")) == {
+                chunk[turns[0]]: True, chunk[turns[1]]: True, chunk[summary]: False}
+            assert await conn.fetchval("SELECT n_docs FROM corpus_stats") == 2
+            assert await conn.fetchval("SELECT df FROM term_stats WHERE term = 'lisbon'") == 2
+        assert await conn.fetchval(  # row-level security is forced again
+            "SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname IN ('chunks', 'session_items')")
+    finally:
+        await conn.close()

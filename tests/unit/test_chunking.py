@@ -179,14 +179,9 @@ def test_a_token_without_spaces_is_capped_in_the_index():
     assert analyze("ordinary words stay whole") == ["ordinary", "words", "stay", "whole"]
 
 
-def test_a_summary_is_a_chunk_per_line_and_a_long_line_is_cut_like_any_text():
+def test_a_summary_line_is_one_chunk_whatever_its_length():
     long_line = " ".join(f"Sentence {i} about the harbour and the lighthouse keeper." for i in range(60))
-    summary = f"Caroline: I went to the support group.\n\nMelanie: I painted a lake sunrise.\n{long_line}\n"
-    chunks = chunking.chunk_lines("ev-9", summary.encode())
-    assert [c.content for c in chunks[:2]] == ["Caroline: I went to the support group.",
-                                              "Melanie: I painted a lake sunrise."]
-    assert len(chunks) > 3 and all(c.token_count <= chunking.DEFAULT_MAX_TOKENS for c in chunks)
-    assert [c.index for c in chunks] == list(range(len(chunks)))
-    assert [c.id for c in chunks] == [chunking.chunk_id("ev-9", i) for i in range(len(chunks))]
-    assert chunking.chunk_lines("ev-9", b"\xff\xfe not utf-8") == []
-    assert chunking.chunk_lines("ev-9", b"a\x00b")[0].content == "a b"
+    chunk = chunking.summary_line_chunk("line-9", long_line, 777)
+    assert (chunk.id, chunk.index, chunk.content, chunk.token_count) == (chunking.chunk_id("line-9", 0), 0,
+                                                                        long_line, 777)
+    assert chunk.content_hash == chunking.content_hash(long_line)

@@ -10,7 +10,7 @@ import pytest
 
 from context_engine.errors import FailedPrecondition, Unavailable
 from inference.compaction import plan_sliding_window
-from inference.summarizers import SummarizerError
+from inference.summarizers import SummarizerError, Summary, SummaryLine
 from inference.summarizers.extractive import ExtractiveSummarizer
 from streams.compaction_worker import CompactionWorker
 
@@ -21,10 +21,12 @@ class T:
     content: bytes
     role: str = "user"
     token_count: int = 7
+    summary: bool = False
 
 
 def turns(n: int) -> list[T]:
-    return [T(f"e{i}", f"order INV-{1000 + i} ships on day {i + 1}".encode()) for i in range(n)]
+    return [T(f"e{i}", f"Hello there, good morning! Order INV-{1000 + i} ships on day {i + 1}. Thanks a lot, "
+                       "that is great to hear.".encode(), token_count=25) for i in range(n)]
 
 
 class Fixed:
@@ -33,14 +35,16 @@ class Fixed:
     def __init__(self, answer: str | Exception) -> None:
         self.answer = answer
 
-    async def summarize(self, _turns) -> str:
+    async def summarize(self, turns) -> Summary:
         if isinstance(self.answer, Exception):
             raise self.answer
-        return self.answer
+        return Summary(tuple(SummaryLine(0, line) for line in self.answer.splitlines()))
 
 
-async def plan(summarizer, items, keep=3, limit=1 << 20):
-    return await plan_sliding_window(summarizer, "s", items, keep_recent=keep, max_content_bytes=limit)
+async def plan(summarizer, items, keep=3, limit=1 << 20, session_tokens=None, min_savings=0.1):
+    total = sum(t.token_count for t in items) if session_tokens is None else session_tokens
+    return await plan_sliding_window(summarizer, "s", items, keep_recent=keep, max_content_bytes=limit,
+                                     session_tokens=total, min_savings=min_savings)
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 4])
@@ -54,15 +58,43 @@ async def test_the_turns_before_the_window_are_replaced_by_one_scored_summary() 
     items = turns(7)
     done = await plan(ExtractiveSummarizer(), items)
     assert done.replaced == ("e0", "e1", "e2", "e3")
-    assert done.original_tokens == 4 * 7 and done.compacted_tokens > 0
+    assert done.original_tokens == 4 * 25 and 0 < done.compacted_tokens < done.original_tokens
     assert done.score.score == 1.0 and b"INV-1003" in done.summary and b"INV-1004" not in done.summary
     body = done.event_body("v0", "sliding_window", "extractive")
     assert body.summary == done.summary and body.base_version == "v0" and body.replaced == done.replaced
+    assert body.stands_for == done.replaced  # a line per turn, each standing for its turn
+    assert len(body.line_tokens) == 4 and sum(body.line_tokens) == body.compacted_tokens
+    assert body.compaction_id == done.compaction_id
+
+
+async def test_two_plans_of_one_state_are_two_compactions() -> None:
+    a, b = [await plan(ExtractiveSummarizer(), turns(7)) for _ in range(2)]
+    assert a.summary == b.summary and a.compaction_id != b.compaction_id
+    body_a, body_b = (p.event_body("v0", "sliding_window", "extractive") for p in (a, b))
+    assert body_a.to_payload() != body_b.to_payload()  # their events hash, and so version, apart
+
+
+async def test_an_earlier_summary_s_lines_are_not_summarised_again() -> None:
+    items = [T("l0", b"user: Order INV-9 ships on day 9.", summary=True), *turns(6)]
+    done = await plan(ExtractiveSummarizer(), items)
+    assert "l0" not in done.replaced and done.replaced == ("e0", "e1", "e2")
+
+
+async def test_a_compaction_that_saves_too_little_is_refused() -> None:
+    items = turns(7)
+    with pytest.raises(FailedPrecondition) as small:
+        await plan(ExtractiveSummarizer(), items, session_tokens=100_000)  # the saving is < 10 % of the session
+    assert small.value.reason == "INSUFFICIENT_SAVINGS"
+    assert small.value.metadata["session_tokens"] == "100000"
+    same = "\n".join(t.content.decode() for t in items[:4])
+    with pytest.raises(FailedPrecondition) as nothing:
+        await plan(Fixed(same), items)  # the turns themselves: nothing saved
+    assert nothing.value.reason == "INSUFFICIENT_SAVINGS"
 
 
 async def test_a_summary_that_loses_a_fact_a_failing_summarizer_and_a_huge_summary_are_refused() -> None:
     items = turns(6)
-    lossy = " ".join(f"order INV-{1000 + i} ships on day {i + 1}" for i in range(2))  # INV-1002 and day 3 lost
+    lossy = " ".join(f"Order INV-{1000 + i} ships on day {i + 1}." for i in range(2))  # INV-1002 and day 3 lost
     with pytest.raises(FailedPrecondition) as low:
         await plan(Fixed(lossy), items)
     assert low.value.reason == "QUALITY_GUARDRAIL_TRIGGERED" and "'inv-1002'" in low.value.metadata["missing"]
@@ -83,9 +115,6 @@ def worker(enabled: bool) -> CompactionWorker:
 
 
 async def test_the_worker_handles_a_message_id_once_and_reads_nothing_for_what_it_may_not_do() -> None:
-    off = worker(enabled=False)
-    assert await off.job("m1", "org", "s", "sliding_window") == "disabled"
-    assert await off.job("m1", "org", "s", "sliding_window") == "duplicate"
     on = worker(enabled=True)
     assert await on.job("m2", "org", "s", "summarize_everything") == "unsupported_strategy"
     assert await on.job("m2", "org", "s", "sliding_window") == "duplicate"

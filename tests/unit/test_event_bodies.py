@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from context_engine import events, hashing
 from context_engine.events import (
+    CompactionRefused,
     CompactionThreshold,
     EmbeddingRecorded,
     EventIngested,
@@ -70,10 +71,15 @@ PINNED = [
       "resource_id": "0c9d8e7f-6a5b-4c3d-8e1f-2a3b4c5d6e7f", "grantee_scope": "team",
       "grantee_path": "acme/sales/apac", "permissions": ["read", "use_in_assembly"], "reason": "handover"}),
     (SessionCompacted("s1", SHA, ("3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a22",), B64, "sliding_window", "extractive",
-                      1.0, 120, 30),
+                      1.0, 120, 30, "5b1f7c0e-2a4d-4c8e-9f3a-1d2e3f4a5b6c",
+                      ("3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a22",), (30,)),
      {"session_id": "s1", "base_version": SHA, "replaced": ["3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a22"],
       "summary_b64": B64, "strategy": "sliding_window", "summarizer": "extractive", "fact_retention_score": 1.0,
-      "original_tokens": 120, "compacted_tokens": 30}),
+      "original_tokens": 120, "compacted_tokens": 30, "compaction_id": "5b1f7c0e-2a4d-4c8e-9f3a-1d2e3f4a5b6c",
+      "stands_for": ["3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a22"], "line_tokens": [30]}),
+    (CompactionRefused("s1", "5b1f7c0e-2a4d-4c8e-9f3a-1d2e3f4a5b6c", SHA, "insufficient_savings", "saves 2 %"),
+     {"session_id": "s1", "request": "5b1f7c0e-2a4d-4c8e-9f3a-1d2e3f4a5b6c", "at_version": SHA,
+      "reason": "insufficient_savings", "detail": "saves 2 %"}),
     (ShareRevoked("5b1f7c0e-2a4d-4c8e-9f3a-1d2e3f4a5b6c", "done"),
      {"share_id": "5b1f7c0e-2a4d-4c8e-9f3a-1d2e3f4a5b6c", "reason": "done"}),
 ]
@@ -114,6 +120,19 @@ def test_an_old_ingested_payload_reads_with_the_projectors_defaults():
     assert (body.metadata, body.content_sha256, body.token_count, body.idempotency_key) == ({}, "", 0, "")
     with pytest.raises(KeyError):
         EventIngested.from_payload({"session_id": "s"})
+
+
+def test_a_v1_compaction_reads_as_v2_with_its_hash_as_written():
+    v1 = {"session_id": "s1", "base_version": SHA, "replaced": ["3e0f1b5c-9d1e-4a65-8a3c-2b7d9f0e1a22"],
+          "summary_b64": B64, "strategy": "sliding_window", "summarizer": "extractive", "fact_retention_score": 1.0,
+          "original_tokens": 120, "compacted_tokens": 30}
+    stored = events.Event(events.SESSION_COMPACTED, Scope("acme"), "session/acme/s1", "u", v1, schema_version=1)
+    read = events.decode(stored.to_bytes())
+    assert read.schema_version == 2 and read.content_hash == stored.content_hash  # the chain's input is unchanged
+    body = read.body
+    assert isinstance(body, SessionCompacted)
+    assert (body.compaction_id, body.stands_for, body.line_tokens) == ("", (), ())
+    assert body.summary == b"hello"
 
 
 def test_a_session_ref_spells_the_persisted_keys():

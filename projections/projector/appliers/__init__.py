@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from context_engine.events import (
+    COMPACTION_REFUSED,
     COMPACTION_THRESHOLD,
     EMBEDDING_RECORDED,
     EVENT_INGESTED,
@@ -37,6 +38,7 @@ APPLIERS: dict[str, Applier] = {
     SNAPSHOT_CREATED: snapshot.apply,
     SESSION_ROLLED_BACK: rollback.apply,
     COMPACTION_THRESHOLD: compaction.apply,
+    COMPACTION_REFUSED: compaction.apply_refused,
     SESSION_COMPACTED: compacted.apply,
     GUARDRAIL_PUBLISHED: guardrail.apply,
     MEMORY_SCRUBBED: memory.apply_scrubbed,

@@ -1,11 +1,12 @@
-"""session.compaction_threshold: open (or close) the session's compaction request; `close_request`
-for the other events that close it (a compaction, a rollback)."""
+"""session.compaction_threshold: open (or close) the session's compaction request;
+session.compaction_refused: the worker closes it, saying why; `close_request` for the other
+events that close it (a compaction, a rollback)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from context_engine.events import CompactionThreshold, Event
+from context_engine.events import CompactionRefused, CompactionThreshold, Event
 from context_engine.visibility import may_rewrite
 from projections.records import LogRecord
 
@@ -37,6 +38,23 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
         job = CompactSession(ev.scope, sid, body.token_count, body.token_budget)
         return applied(rec, ev, Outcome.APPLIED, sid, jobs=(job,))
     closed = await close_request(org, sid, ev, "below_threshold")
+    return applied(rec, ev, Outcome.APPLIED if closed else Outcome.IGNORED, sid)
+
+
+async def apply_refused(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+    """The worker refused the request it names (the event that opened it): it closes with the
+    refusal and the session version it was refused at, if it is still the open one (a request
+    closed meanwhile, or another opened since, is not this refusal's: IGNORED)."""
+    body = CompactionRefused.from_payload(ev.payload)
+    sid = body.session_id
+    s = org.chain.sessions.get(sid) if isinstance(sid, str) else None
+    if s is None or not may_rewrite(s.owner(org.org_id), ev.scope):
+        return applied(rec, ev, Outcome.OUT_OF_SCOPE)
+    closed = await org.conn.fetchval(
+        "UPDATE compaction_requests SET closed_by = $3, closed_at = $4, closed_reason = 'refused', "
+        "  refusal = $5, closed_version = $6 "
+        "WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL AND opened_by::text = $7 RETURNING true",
+        org.org_id, sid, ev.event_id, ev.occurred, body.reason[:64], body.at_version[:64], body.request)
     return applied(rec, ev, Outcome.APPLIED if closed else Outcome.IGNORED, sid)
 
 

@@ -42,7 +42,7 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     org.session_events.append((
         ev.event_id, s.session_id, seq, sc.path, sc.pillar_id, sc.team_id, sc.agent_id,
         body.event_type, content, json_text(body.metadata), body.content_sha256 or sha256_hex(content),
-        body.token_count, version, ev.occurred, key))
+        body.token_count, version, ev.occurred, key, None, None))
     await org.chunks.add(event_id=ev.event_id, source_kind="event", session_id=s.session_id,
                          scope_path=sc.path, content=content, metadata=body.metadata, created_at=ev.occurred)
     return applied(rec, ev, Outcome.APPLIED, s.session_id, seq, version)
@@ -51,14 +51,15 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
 INSERT_SESSION_EVENTS = """
 INSERT INTO session_events (event_id, org_id, session_id, seq, scope_path, pillar_id, team_id,
                             scope_agent_id, event_type, content, metadata, content_sha256,
-                            token_count, version, occurred_at, idempotency_key)
+                            token_count, version, occurred_at, idempotency_key, summary_of, stands_for)
 SELECT u.event_id, $1, u.session_id, u.seq, u.scope_path, u.pillar_id, u.team_id,
        u.scope_agent_id, u.event_type, u.content, u.metadata::jsonb, u.content_sha256,
-       u.token_count, u.version, u.occurred_at, u.idempotency_key
+       u.token_count, u.version, u.occurred_at, u.idempotency_key, u.summary_of, u.stands_for
 FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
             $9::text[], $10::bytea[], $11::text[], $12::text[], $13::int[], $14::text[],
-            $15::timestamptz[], $16::text[])
+            $15::timestamptz[], $16::text[], $17::uuid[], $18::uuid[])
      AS u(event_id, session_id, seq, scope_path, pillar_id, team_id, scope_agent_id, event_type,
-          content, metadata, content_sha256, token_count, version, occurred_at, idempotency_key)
+          content, metadata, content_sha256, token_count, version, occurred_at, idempotency_key,
+          summary_of, stands_for)
 """
-SESSION_EVENT_COLUMNS = 15
+SESSION_EVENT_COLUMNS = 17

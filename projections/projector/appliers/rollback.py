@@ -5,7 +5,10 @@ ones; items leaving the state get active=false and rolled_back_by = this event (
 session_events / memory_versions); the session's version and seq become the target's. For a
 target on the current chain this is "every item after the target becomes inactive"; for a
 target that was itself rolled back earlier, its items become active again; items a compaction on
-the target's chain replaced stay inactive, and those of a compaction after it come back. Unknown target:
+the target's chain replaced stay inactive, and those of a compaction after it come back; a
+summary's lines (session_events rows with summary_of) follow their compaction's item. Chunks
+follow the chain, not the history: a turn on the target's chain keeps its chunks searchable
+even where a compaction replaced it (recall storage, docs/compaction.md). Unknown target:
 nothing changes (UNKNOWN_TARGET). A rollback changes what every scope in the session sees, so
 it is applied only from the owner scope itself (visibility.may_rewrite), OUT_OF_SCOPE otherwise.
 It closes the session's open compaction request: the history that crossed the threshold is gone."""
@@ -41,15 +44,18 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     if row is None:
         return applied(rec, ev, Outcome.UNKNOWN_TARGET)
     changed = await org.conn.fetch(_ROLLBACK, org.org_id, sid, row["seq"], ev.event_id)
-    for kind, table in (("event", "session_events"), ("memory", "memory_versions")):
+    for kind, table, key in (("event", "session_events", "event_id"), ("event", "session_events", "summary_of"),
+                             ("memory", "memory_versions", "event_id")):
         rows = [(r["event_id"], r["active"]) for r in changed if r["kind"] == kind]
         if rows:
             await org.conn.execute(
                 f"UPDATE {table} t SET active = u.active "
                 "FROM unnest($2::uuid[], $3::bool[]) AS u(event_id, active) "
-                "WHERE t.org_id = $1 AND t.event_id = u.event_id",
+                f"WHERE t.org_id = $1 AND t.{key} = u.event_id",
                 org.org_id, *columns(rows, 2))
-    await org.chunks.set_active([(r["event_id"], r["active"]) for r in changed])
+    if changed:
+        on_path = await org.conn.fetch(_ON_PATH, org.org_id, sid, row["seq"])
+        await org.chunks.set_active([(r["source"], r["on_path"]) for r in on_path])
     org.chain.rolled_back(s, ev, target, row["seq"], row["depth"])
     await close_request(org, sid, ev, "rolled_back")  # the history it measured is gone
     return applied(rec, ev, Outcome.APPLIED, sid, s.seq, s.version)
@@ -75,4 +81,20 @@ FROM keep
 WHERE s.org_id = $1 AND s.session_id = $2
   AND s.active <> (s.seq = ANY(coalesce(keep.seqs, '{}')))
 RETURNING s.event_id, s.kind, s.active
+"""
+
+
+# Every chunk source of the session and whether it is on the chain of version V (the item at seq
+# $3) back to genesis, replaced by a compaction or not: a compaction's sources are its lines.
+_ON_PATH = """
+WITH RECURSIVE path AS (
+    SELECT seq, prev_seq FROM session_items WHERE org_id = $1 AND session_id = $2 AND seq = $3
+    UNION ALL
+    SELECT i.seq, i.prev_seq FROM session_items i JOIN path p ON i.seq = p.prev_seq
+    WHERE i.org_id = $1 AND i.session_id = $2
+)
+SELECT coalesce(e.event_id, i.event_id) AS source, i.seq IN (SELECT seq FROM path) AS on_path
+FROM session_items i
+LEFT JOIN session_events e ON e.org_id = i.org_id AND e.summary_of = i.event_id
+WHERE i.org_id = $1 AND i.session_id = $2
 """
