@@ -35,6 +35,7 @@ from context_engine.visibility import Visibility, may_rewrite
 from inference import tokens
 from projections import corpus_totals, session_reads, turn_labels
 from projections.database import org_transaction
+from projections.projector.outcome import Outcome as ProjectionOutcome
 from projections.prompt_packing import Block, Packed, pack
 from projections.pull_context import await_scan
 from projections.quarantined_matches import Quarantined
@@ -49,6 +50,7 @@ log = structlog.get_logger("context_engine.assembly")
 
 MAX_HINT_ITEMS = 32
 MEMORY_KEYS = ("working", "episodic", "semantic")
+RECENT_SHARE_HINT = "recent_share"  # the share of the budget reserved for the recent window, this call
 # History turns read: those whose newer turns hold at most this many times the budget in stored
 # (cl100k) tokens. The history section never holds more than the budget, so the rest of a long
 # session is not read; the encodings differ by far less than 2x on text, and if the turns read do
@@ -88,6 +90,7 @@ class Assembled:
     chunk_ids: list[str]
     quality: Quality
     quarantined: Quarantined = Quarantined(0)  # matches of task_description the PII scan holds back
+    compaction_requested: str = ""  # the compaction request this call opened (its opening event), if any
 
 
 def _hint_list(hints: dict[str, str], key: str) -> list[str]:
@@ -95,6 +98,22 @@ def _hint_list(hints: dict[str, str], key: str) -> list[str]:
     if len(items) > MAX_HINT_ITEMS:
         raise InvalidArgument(f"hints.{key}", f"holds {len(items)} items; at most {MAX_HINT_ITEMS}")
     return list(dict.fromkeys(items))
+
+
+def _recent_share(hints: dict[str, str], default: float) -> float:
+    """hints["recent_share"]: a number in [0, 1], the share of the budget the recent window may
+    take before retrieval; the deployment's ASSEMBLY_RECENT_SHARE without it."""
+    raw = hints.get(RECENT_SHARE_HINT)
+    if raw is None:
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:  # NaN included
+        raise InvalidArgument(f"hints.{RECENT_SHARE_HINT}",
+                              f"{raw[:40]!r} is not a share of the budget: a number from 0 to 1, such as 0.25")
+    return value
 
 
 def _validate(cmd: AssembleContext, max_budget: int) -> tuple[list[str], list[str]]:
@@ -121,6 +140,7 @@ def _validate(cmd: AssembleContext, max_budget: int) -> tuple[list[str], list[st
 
 async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContext) -> Assembled:
     pinned_ids, required_keys = _validate(cmd, deps.settings.max_token_budget)
+    recent_share = _recent_share(cmd.hints, deps.settings.assembly_recent_share)
     scope, org = principal.scope, principal.scope.org_id
     visible = Visibility.of(scope)
     with timed("assemble", "freshness_wait"):
@@ -141,7 +161,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
 
     def packed_with(history: list[Block]) -> Packed:
         return pack(layers=reads.layers, pinned=reads.pinned, required=reads.required, retrieved=retrieved,
-                    history_newest_first=history, budget=cmd.token_budget, count=count)
+                    history_newest_first=history, budget=cmd.token_budget, count=count, recent_share=recent_share)
 
     with timed("assemble", "packing"):
         packed = packed_with(reads.history_newest_first)
@@ -162,13 +182,14 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
             baseline = await _baseline(deps, org, visible, reads.layers, count, reads.visible_session_tokens, packed,
                                        prompt_id, cmd, scope)
     with timed("assemble", "compaction_trigger"):
-        await _compaction_trigger(deps, principal, cmd, reads)
+        requested = await _compaction_trigger(deps, principal, cmd, reads)
     return Assembled(
         prompt_id=prompt_id, prompt=packed.prompt, cache_prefix_bytes=packed.prefix_bytes,
         assembled_tokens=packed.tokens, baseline_tokens=baseline,
         savings_ratio=(baseline - packed.tokens) / baseline if baseline else 0.0,
         version_hash=merkle_root([sha256_hex(b.text.encode("utf-8")) for b in packed.blocks]),
-        chunk_ids=chunk_ids, quality=quality, quarantined=retrieval.quarantined if retrieval else Quarantined(0))
+        chunk_ids=chunk_ids, quality=quality, quarantined=retrieval.quarantined if retrieval else Quarantined(0),
+        compaction_requested=requested)
 
 
 async def _read_session(deps: Deps, principal: Principal, cmd: AssembleContext, pinned_ids: list[str],
@@ -288,7 +309,7 @@ def _quality(retrieval: SearchOutcome | None, failure: str, packed: Packed, retr
 
 async def _chunk_ids(deps: Deps, org: str, visible: Visibility, packed: Packed) -> list[str]:
     """Chunk ids in prompt order: pinned and retrieved chunks, and the chunks of included turns."""
-    sources = [b.source for b in packed.blocks if b.kind in ("history", "required") and b.source]
+    sources = [b.source for b in packed.blocks if b.kind in ("history", "required") and b.source and not b.chunks]
     by_source: dict[str, list[str]] = {}
     if sources:
         async with org_transaction(deps.pool, org, readonly=True) as conn:
@@ -297,6 +318,8 @@ async def _chunk_ids(deps: Deps, org: str, visible: Visibility, packed: Packed) 
     for b in packed.blocks:
         if b.kind in ("pinned", "retrieved"):
             out.append(b.key)
+        elif b.chunks:  # a retrieved turn shown in its summary line's place: the chunks retrieved
+            out += b.chunks
         elif b.source:
             out += by_source.get(b.source, [])
     return list(dict.fromkeys(out))  # a pinned chunk of a required turn is listed once
@@ -319,20 +342,25 @@ async def _baseline(deps: Deps, org, visible: Visibility, layers, count, session
     return naive
 
 
-async def _compaction_trigger(deps: Deps, principal: Principal, cmd: AssembleContext, reads: SessionReads) -> None:
+async def _compaction_trigger(deps: Deps, principal: Principal, cmd: AssembleContext, reads: SessionReads) -> str:
     """Record a crossing of the compaction threshold, which asks the worker to compact the session:
     only the owner scope's own calls do, as only it may compact the session (visibility.may_rewrite);
-    a grantee's or a scope below the owner's assembly never rewrites what the owner's readers see."""
-    if reads.owner_path is None or not may_rewrite(Scope.from_path(reads.owner_path), principal.scope):
-        return
+    a grantee's or a scope below the owner's assembly never rewrites what the owner's readers see.
+    Nothing is asked while compaction on threshold is off, nor again for a session version the
+    worker refused. Returns the request this call opened (the id of its opening event), or ""."""
+    if (not deps.settings.compaction_on_threshold or reads.owner_path is None
+            or not may_rewrite(Scope.from_path(reads.owner_path), principal.scope)):
+        return ""
     session_tokens = reads.session_tokens
     crossed = session_tokens > deps.settings.compaction_threshold * cmd.token_budget
-    if crossed == reads.compaction_open:
-        return
+    if crossed == reads.compaction_open or (crossed and reads.compaction_refused):
+        return ""
     session = SessionRef(principal.scope.org_id, cmd.session_id)
     event = Event.of(CompactionThreshold(cmd.session_id, crossed, int(session_tokens), cmd.token_budget),
                      scope=principal.scope, aggregate=session.aggregate, actor=principal.subject)
     try:
-        await deps.append(event, session)
+        outcome = await deps.append(event, session)
     except Exception:  # the next call observes the crossing again
         log.warning("compaction threshold not recorded", org_id=session.org_id, session_id=cmd.session_id)
+        return ""
+    return event.event_id if crossed and outcome == ProjectionOutcome.APPLIED else ""

@@ -172,6 +172,9 @@ class Settings(BaseSettings):
     # AssembleContext (docs/assembly.md).
     max_token_budget: int = 2_000_000
     history_window: int = 2000  # most recent session events considered for the history section
+    # The share of the budget the recent window (the newest turn and those before it) may take
+    # before retrieval; the newest turn is always in the prompt. Per call: hints["recent_share"].
+    assembly_recent_share: float = Field(default=0.15, ge=0.0, le=1.0)
     compaction_threshold: float = Field(default=0.8, gt=0.0, le=1.0)
     # Share of calls that also count the naive prompt (baseline_tokens, savings_ratio, a
     # BaselineMetricEvent); per-org overrides as JSON {"acme": 1.0}.
@@ -186,6 +189,12 @@ class Settings(BaseSettings):
     compaction_on_threshold: bool = True
     # sliding_window keeps this many of the session's most recent turns verbatim.
     compaction_keep_recent_turns: int = Field(default=10, ge=1, le=100_000)
+    # A compaction must cut at least this share of the session's active tokens, or it is refused
+    # (INSUFFICIENT_SAVINGS) and nothing is written.
+    compaction_min_savings: float = Field(default=0.1, gt=0.0, le=1.0)
+    # The worker closes a compaction request it could not serve for this long (the summarizer
+    # down, no verdict) as refused, reason 'expired'; the next crossing opens a new one.
+    compaction_request_expiry_seconds: float = Field(default=3600.0, gt=0.0)
     compaction_llm_url: str | None = None
     compaction_llm_model: str = "gemini-2.5-flash-lite"
     compaction_llm_api_key: SecretStr | None = None

@@ -17,13 +17,18 @@ with the same time label, so a conversation reads as dated runs of `speaker: tex
 Budget (tokens of the whole prompt with the target model's encoding), by priority:
 1. layers: if they alone exceed the budget, `BudgetError` naming them; nothing is assembled;
 2. pinned chunks, then must_include items: all of them or `BudgetError` (they were asked for);
-3. retrieved chunks by score: each that fits is taken, one that does not is skipped;
-4. history newest first: taken while it fits, stopping at the first that does not (a contiguous
-   recent window), then put back in chronological order.
+3. the newest turn: always, or `BudgetError` naming it (the turn the agent must answer);
+4. the reserved recent window: the turns before it, newest first, while the window (the newest
+   turn included) costs at most `recent_share` of the budget;
+5. retrieved chunks by score: each that fits is taken, one that does not is skipped;
+6. the rest of the history newest first: the window grows while it fits, stopping at the first
+   turn that does not (a contiguous recent window), then put back in chronological order.
 Each chunk and turn is in the prompt once: a pinned chunk is not retrieved again nor its turn
 shown in history, a required turn or memory is neither, and a retrieved turn that the recent window reaches moves
 there, in its place (the budget its chunks took pays for it), so the recent conversation has no
-gaps and the retrieved section holds what is older than it, or elsewhere.
+gaps and the retrieved section holds what is older than it, or elsewhere. A compaction
+summary's line (`Block.stands_for`: the turn it stands for) gives its place to that turn when
+the turn is retrieved: the verbatim turn is shown there, once, and the line is not spent.
 A block costs the tokens of its text with the separator after it (and its time header if it is
 the first of its time): the encoders split before a block's first character, and a separator
 after punctuation merges into it (cl100k: ".\n\n" is one token), so these costs add up to the
@@ -69,6 +74,8 @@ class Block:
     source: str = ""  # the event the text came from: each source is in the prompt once
     time: str = ""  # a turn's time label (turn_labels.py); its header opens a run of this time in the tail
     at: tuple[str, str, int] = ("", "", 0)  # retrieved blocks: chronological order (time, source, chunk)
+    stands_for: str = ""  # a compaction summary's line: the event of the turn it stands for
+    chunks: tuple[str, ...] = ()  # the chunk ids shown, when not all of `source`'s (a retrieved turn in a line's place)
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,7 @@ def _ordered(blocks: Sequence[Block]) -> list[Block]:
 
 def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence[Block],
          retrieved: Sequence[Block], history_newest_first: Sequence[Block], budget: int,
-         count: Count) -> Packed:
+         count: Count, recent_share: float = 0.0) -> Packed:
     if budget < 1:
         raise InvalidArgument("token_budget", f"must be a positive number of tokens, got {budget}")
     def cost(text: str) -> int:
@@ -143,6 +150,7 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
     in_prompt = {b.key for b in chosen}
     required_sources = {b.source for b in chosen if b.kind == "required" and b.source}
     elsewhere = frozenset(b.source for b in chosen if b.source)
+    history = [b for b in history_newest_first if b.source not in elsewhere and b.stands_for not in elsewhere]
     times: dict[str, Counter[str]] = {"retrieved": Counter(), "history": Counter()}
 
     def extra(b: Block, section: Sequence[Block]) -> int:
@@ -151,7 +159,27 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
         time_cost = cost(header(b.time)) if b.time and not times[b.kind][b.time] else 0
         return cost(b.text) + (0 if section else cost(HEADINGS[b.kind])) + time_cost
 
-    candidates = [b for b in retrieved if b.key not in in_prompt and b.source not in required_sources]
+    # The newest turn (the one the agent answers; unless it is pinned or required, so shown
+    # already), then the reserved recent window.
+    recent: list[Block] = []
+    newest = history[0] if history and history[0] is history_newest_first[0] else None
+    if newest is not None:
+        need = count(render(_arranged([*chosen, newest]))[0])
+        if need > budget:
+            raise BudgetError(f"the newest turn ({newest.key}) needs {need} tokens with the layers, pinned "
+                              f"and required items, more than the budget of {budget}; it is never left out")
+    reserve, opened_at = int(recent_share * budget), used
+    for b in history:
+        e = extra(b, recent)
+        if b is not newest and (used - opened_at + e > reserve or used + e > budget):
+            break
+        used += e
+        recent.append(b)
+        times["history"][b.time] += 1
+    reserved = len(recent)
+    shown = {b.source for b in recent}
+    candidates = [b for b in retrieved
+                  if b.key not in in_prompt and b.source not in required_sources and b.source not in shown]
     got: list[Block] = []
     for b in candidates:
         if used + (e := extra(b, got)) <= budget:
@@ -160,15 +188,12 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
             times["retrieved"][b.time] += 1
     # The longest recent window that fits with the retrieved chunks it reaches moved into it: a
     # turn can cost more than the slack left and still fit once an older turn's chunks move.
-    recent: list[Block] = []
-    windows: list[tuple[int, int]] = [(0, used)]  # (turns of the window, estimated prompt tokens)
-    reachable = {b.source for b in history_newest_first}
+    windows: list[tuple[int, int]] = [(reserved, used)]  # (turns of the window, estimated prompt tokens)
+    reachable = {b.source for b in history[reserved:]}
     left = list(got)
     refundable = sum(cost(r.text) for r in left if r.source in reachable) + cost(HEADINGS["retrieved"]) + sum(
         cost(header(t)) for t in {r.time for r in left if r.source in reachable} if t)
-    for b in history_newest_first:
-        if b.source in elsewhere:
-            continue
+    for b in history[reserved:]:
         moved = [r for r in left if b.source and r.source == b.source]
         refund = 0
         if moved:  # what the moved chunks cost, their time headers and the heading included
@@ -187,11 +212,11 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
 
     def with_window(n: int) -> list[Block]:
         in_window = {b.source for b in recent[:n]}
-        return _ordered([*chosen, *(r for r in got if r.source not in in_window), *reversed(recent[:n])])
+        return _arranged([*chosen, *(r for r in got if r.source not in in_window), *reversed(recent[:n])])
 
     # The longest window whose estimate is within the budget; one just over it is counted for real
     # (the estimate is a token or so over where separators merge), at most WINDOW_RECOUNTS of them.
-    recounts, blocks = 0, with_window(0)
+    recounts, blocks = 0, with_window(reserved)
     for n, estimate in sorted(windows, reverse=True):
         if estimate <= budget:
             blocks = with_window(n)
@@ -201,21 +226,61 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
             if count(render(trial := with_window(n))[0]) <= budget:
                 blocks = trial
                 break
+    protected = {newest.key} if newest else set()  # the newest turn is never dropped
     while True:
         prompt, prefix_bytes = render(blocks)
         tokens = count(prompt)
         if tokens <= budget:
             break
-        history = [i for i, b in enumerate(blocks) if b.kind == "history"]
-        retrieved_at = [i for i, b in enumerate(blocks) if b.kind == "retrieved"]
-        if not history and not retrieved_at:  # cannot happen with a consistent counter; never return over budget
-            raise BudgetError(f"the required prompt needs {tokens} tokens, more than the budget of {budget}")
-        # the oldest history turn, then the lowest-scored retrieved chunk
-        blocks.pop(history[0] if history else min(retrieved_at, key=lambda i: blocks[i].score or 0.0))
+        blocks.pop(_to_drop(blocks, reserved, protected, budget, tokens))
     # Estimated costs can miss the real count by a token or so either way where the encoder
     # merges across a boundary: fill what is left in the same priority order, checking the real count.
-    return _fill(blocks, prompt, prefix_bytes, tokens, candidates, history_newest_first, elsewhere, budget, cost,
-                 count)
+    return _fill(blocks, prompt, prefix_bytes, tokens, candidates, history, elsewhere, budget, cost, count)
+
+
+def _to_drop(blocks: list[Block], reserved: int, protected: set[str], budget: int, tokens: int) -> int:
+    """Which block goes when the real count is over the budget: the oldest turn beyond the
+    reserved window, then the lowest-scored retrieved chunk, then the oldest reserved turn; never
+    the newest turn."""
+    history = [i for i, b in enumerate(blocks) if b.kind == "history" and b.key not in protected]
+    retrieved_at = [i for i, b in enumerate(blocks) if b.kind == "retrieved"]
+    if len(history) + len(protected) > reserved:  # turns beyond the reserved window: the oldest of them
+        return history[0]
+    if retrieved_at:
+        return min(retrieved_at, key=lambda i: blocks[i].score or 0.0)
+    if history:
+        return history[0]
+    # cannot happen with a consistent counter; never return over budget
+    raise BudgetError(f"the required prompt needs {tokens} tokens, more than the budget of {budget}")
+
+
+def _arranged(blocks: Sequence[Block]) -> list[Block]:
+    """Prompt order, with each summary line whose turn is retrieved replaced by that turn."""
+    return _ordered(_lines_give_way(blocks))
+
+
+def _lines_give_way(blocks: Sequence[Block]) -> list[Block]:
+    """A summary line whose turn a retrieved chunk of the prompt holds gives its place to the
+    turn, shown there as history with the chunks retrieved (once: a second line standing for the
+    same turn goes too), so the verbatim turn and its summary are not both spent."""
+    retrieved: dict[str, list[Block]] = {}
+    for b in blocks:
+        if b.kind == "retrieved" and b.source:
+            retrieved.setdefault(b.source, []).append(b)
+    if not retrieved or not any(b.stands_for in retrieved for b in blocks if b.kind == "history"):
+        return list(blocks)
+    out: list[Block] = []
+    placed: set[str] = set()
+    for b in blocks:
+        turn = retrieved.get(b.stands_for) if b.kind == "history" and b.stands_for else None
+        if turn is None:
+            out.append(b)
+        elif b.stands_for not in placed:
+            placed.add(b.stands_for)
+            parts = sorted(turn, key=lambda r: r.at)
+            out.append(Block("history", "\n".join(r.text for r in parts), key=b.key, source=b.stands_for,
+                             time=parts[0].time, chunks=tuple(r.key for r in parts)))
+    return [b for b in out if not (b.kind == "retrieved" and b.source in placed)]
 
 
 def _fill(blocks: list[Block], prompt: str, prefix_bytes: int, tokens: int, candidates: Sequence[Block],
@@ -235,10 +300,10 @@ def _fill(blocks: list[Block], prompt: str, prefix_bytes: int, tokens: int, cand
                 break
             continue
         if b.kind == "retrieved":
-            trial = _ordered([*blocks, b])
+            trial = _arranged([*blocks, b])
         else:  # older than every history block present: it goes first among them, its retrieved chunks move
             rest = [x for x in blocks if x.kind != "history" and not (x.kind == "retrieved" and x.source == b.source)]
-            trial = rest + [b] + [x for x in blocks if x.kind == "history"]
+            trial = _arranged(rest + [b] + [x for x in blocks if x.kind == "history"])
         trial_prompt, trial_prefix = render(trial)
         trial_tokens = count(trial_prompt)
         if trial_tokens <= budget:

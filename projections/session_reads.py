@@ -38,6 +38,7 @@ class SessionReads:
     session_tokens: int  # every active turn's: the compaction threshold is the session's, never shown
     visible_session_tokens: int  # the turns the caller sees: its naive prompt (baseline_tokens)
     compaction_open: bool
+    compaction_refused: bool  # a request was refused at the session's current version: none is opened again
     history_truncated: bool  # older turns within the window were not read (`read_tokens`)
     pinned_shares: dict[str, str] = field(default_factory=dict)  # pinned chunk id -> share, if seen by a grant
     owner_path: str | None = None  # the session's owner scope, None for a session not written yet
@@ -66,13 +67,15 @@ async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, 
         "SELECT coalesce(sum(token_count), 0) AS tokens,"
         "       coalesce(sum(token_count) FILTER (WHERE scope_path = ANY($3::text[])), 0) AS visible_tokens,"
         "       EXISTS (SELECT 1 FROM compaction_requests"
-        "               WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL) AS compaction_open "
+        "               WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL) AS compaction_open,"
+        "       EXISTS (SELECT 1 FROM compaction_requests WHERE org_id = $1 AND session_id = $2"
+        "               AND closed_reason = 'refused' AND closed_version = $4) AS compaction_refused "
         "FROM session_events WHERE org_id = $1 AND session_id = $2 AND active",
-        org, session_id, visible.sql_paths)
+        org, session_id, visible.sql_paths, session.version if session is not None else "")
     truncated = bool(history_rows) and len(history_rows) < history_rows[0]["window_rows"]
     return SessionReads(layers, pinned, required, _history_blocks(history_rows), int(totals["tokens"]),
-                        int(totals["visible_tokens"]), totals["compaction_open"], truncated, pinned_shares,
-                        session.scope_path if session is not None else None)
+                        int(totals["visible_tokens"]), totals["compaction_open"], totals["compaction_refused"],
+                        truncated, pinned_shares, session.scope_path if session is not None else None)
 
 
 async def read_history(conn: asyncpg.Connection, org: str, session_id: str, visible: Visibility,
@@ -99,14 +102,16 @@ async def _history_rows(conn: asyncpg.Connection, org: str, session_id: str, vis
     turns hold at most `read_tokens` stored (cl100k) tokens when it is given. Each row carries
     how many turns the window holds, so the caller knows whether older ones were left unread."""
     return await conn.fetch(
-        "SELECT event_id, content, metadata, event_type, occurred_at, window_rows FROM ("
-        "  SELECT event_id, content, metadata::text AS metadata, event_type, occurred_at, seq,"
+        "SELECT event_id, content, metadata, event_type, occurred_at, stands_for, window_rows FROM ("
+        "  SELECT event_id, content, metadata::text AS metadata, event_type, occurred_at, stands_for, seq,"
         "         count(*) OVER () AS window_rows,"
-        "         sum(token_count) OVER (ORDER BY seq DESC ROWS UNBOUNDED PRECEDING) - token_count AS newer_tokens"
-        "  FROM (SELECT event_id, content, metadata, event_type, occurred_at, seq, token_count FROM session_events"
+        "         sum(token_count) OVER (ORDER BY seq DESC, occurred_at DESC ROWS UNBOUNDED PRECEDING) - token_count"
+        "           AS newer_tokens"
+        "  FROM (SELECT event_id, content, metadata, event_type, occurred_at, stands_for, seq, token_count"
+        "        FROM session_events"
         "        WHERE org_id = $1 AND session_id = $2 AND active AND scope_path = ANY($5::text[])"
-        "        ORDER BY seq DESC LIMIT $3) AS w"
-        ") AS h WHERE $4::bigint IS NULL OR newer_tokens <= $4 ORDER BY seq DESC",
+        "        ORDER BY seq DESC, occurred_at DESC LIMIT $3) AS w"
+        ") AS h WHERE $4::bigint IS NULL OR newer_tokens <= $4 ORDER BY seq DESC, occurred_at DESC",
         org, session_id, window, read_tokens, visible.sql_paths)
 
 
@@ -120,12 +125,15 @@ def _history_blocks(rows) -> list[Block]:
 
 
 def _turn(kind: str, row, key: str) -> Block:
-    """A session event as a prompt block: its speaker and time (projections/turn_labels.py)."""
+    """A session event as a prompt block: its speaker and time (projections/turn_labels.py). A
+    compaction summary's line is dated as the turn it stands for, and says it is a summary."""
     metadata = _metadata(row["metadata"])
-    time = (turn_labels.SUMMARY_LABEL if row["event_type"] == "compaction"
-            else turn_labels.turn_time(metadata, row["occurred_at"]))
+    time = turn_labels.turn_time(metadata, row["occurred_at"])
+    stands_for = row["stands_for"]
+    if row["event_type"] == "compaction":
+        time = turn_labels.summary_time(time)
     return Block(kind, turn_labels.with_speaker(_text(row["content"]), metadata), key=key,
-                 source=str(row["event_id"]), time=time)
+                 source=str(row["event_id"]), time=time, stands_for=str(stands_for) if stands_for else "")
 
 
 def _metadata(text: str | None) -> dict:
@@ -134,14 +142,15 @@ def _metadata(text: str | None) -> dict:
 
 
 # The pinned chunks the caller sees by ownership or through a live use_in_assembly grant (then
-# with the share it came through).
+# with the share it came through): active and cleared by the PII scan. A summary line's chunk is
+# never retrieved but may be pinned (it is in chunk_ids), as a turn a compaction replaced may be.
 _PINNED = f"""
-SELECT c.chunk_id, c.content, c.source_event_id,
+SELECT c.chunk_id, c.content, c.source_event_id, c.source_kind, c.metadata::text AS metadata, c.created_at,
        CASE WHEN c.scope_path = ANY($3::text[]) THEN NULL ELSE h.share_id END AS share_id
 FROM chunks c
 LEFT JOIN ({held_sql("chunk", org="$1", paths="$3::text[]", permission="'use_in_assembly'")}) AS h
   ON h.resource_id = c.chunk_id
-WHERE c.org_id = $1 AND c.chunk_id = ANY($2::uuid[]) AND c.searchable
+WHERE c.org_id = $1 AND c.chunk_id = ANY($2::uuid[]) AND c.active AND c.pii_status = 'clear'
   AND (c.scope_path = ANY($3::text[]) OR h.share_id IS NOT NULL)
 """
 
@@ -159,8 +168,18 @@ async def _pinned(conn: asyncpg.Connection, org: str, visible: Visibility,
         raise NotFound(f"hints.{PINNED_HINT}: chunk(s) {', '.join(missing)} not found in the caller's corpus",
                        reason="PINNED_CHUNK_NOT_FOUND",
                        metadata={"field": f"hints.{PINNED_HINT}", "chunk_ids": ",".join(missing)})
-    pinned = [Block("pinned", found[i]["content"], key=i, source=str(found[i]["source_event_id"])) for i in ids]
+    pinned = [_pinned_block(found[i]) for i in ids]
     return pinned, {str(r["chunk_id"]): str(r["share_id"]) for r in rows if r["share_id"]}
+
+
+def _pinned_block(row) -> Block:
+    """A pinned chunk as it was written; a summary line's says it is one, dated as its turn (the
+    pinned section is in the stable prefix: the label is the chunk's, the same every call)."""
+    text = row["content"]
+    if row["source_kind"] == "summary":
+        time = turn_labels.turn_time(_metadata(row["metadata"]), row["created_at"])
+        text = f"{turn_labels.header(turn_labels.summary_time(time))}\n{text}"
+    return Block("pinned", text, key=str(row["chunk_id"]), source=str(row["source_event_id"]))
 
 
 async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_id: str, visible: Visibility,
@@ -173,8 +192,8 @@ async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_i
         except ValueError:
             raise InvalidArgument(field_name, f"{key!r}: {event_id!r} is not an event id (UUID)") from None
         row = await conn.fetchrow(
-            "SELECT event_id, content, metadata::text AS metadata, event_type, occurred_at FROM session_events "
-            "WHERE org_id = $1 AND session_id = $2 "
+            "SELECT event_id, content, metadata::text AS metadata, event_type, occurred_at, stands_for "
+            "FROM session_events WHERE org_id = $1 AND session_id = $2 "
             "  AND event_id = $3 AND active AND scope_path = ANY($4::text[])", org, session_id, eid, visible.sql_paths)
         if row is None:
             raise NotFound(f"{field_name}: {key!r}: no such active event in session {session_id!r}",

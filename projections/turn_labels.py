@@ -4,8 +4,8 @@
   ingested (content that names its own speaker, `Caroline: ...`, keeps it).
 - time: `metadata["time"]` as the caller gave it (the turn's time in the caller's world: a
   replayed or imported conversation keeps its own dates), else the time the engine received the
-  turn, in UTC to the minute. A compaction summary is labelled as one: its own time is the
-  compaction's, not its turns'.
+  turn, in UTC to the minute. A compaction summary's line is dated as the turn it stands for,
+  and says it is a summary: `[2024-05-01 10:00, summary of earlier turns]`.
 
 Caller-given labels are cut to one line of at most MAX_LABEL_CHARS characters, so a role or a time
 cannot open a section of its own in the prompt. Pure, no I/O.
@@ -37,6 +37,11 @@ def with_speaker(text: str, metadata: Mapping[str, Any]) -> str:
 
 def turn_time(metadata: Mapping[str, Any], received: dt.datetime) -> str:
     return one_line(metadata.get("time")) or received.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def summary_time(time: str) -> str:
+    """The time label of a summary line dated `time` (its turn's)."""
+    return f"{time}, {SUMMARY_LABEL}"
 
 
 def header(time: str) -> str:

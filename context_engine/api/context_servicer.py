@@ -64,7 +64,8 @@ class ContextEngineServicer(context_pb2_grpc.ContextEngineServicer):
             session_id=request.session_id, task_description=request.task_description,
             token_budget=request.token_budget, model_id=request.model_id, hints=dict(request.hints)))
         q = a.quality
-        context.set_trailing_metadata(quarantine_metadata(a.quarantined))
+        compaction = (("engine.compaction_requested", a.compaction_requested),) if a.compaction_requested else ()
+        context.set_trailing_metadata(quarantine_metadata(a.quarantined) + compaction)
         return pb.AssembleContextResponse(
             prompt_id=a.prompt_id, assembled_prompt=a.prompt, cache_prefix_bytes=a.cache_prefix_bytes,
             assembled_tokens=a.assembled_tokens, baseline_tokens=a.baseline_tokens, savings_ratio=a.savings_ratio,

@@ -16,10 +16,10 @@ from aiokafka import AIOKafkaConsumer
 from context_engine.api.app import build_api_server, open_deps
 from inference.tokens import count_tokens
 from streams.topics import LogTopics
+from tests.fixtures.calls import admin_fetch, expect_error
 from tests.fixtures.engine import SAMPLED_ORG, unique
 from tests.integration.test_guardrails_api import publish
 from tests.integration.test_retrieval import ingest, wait_embedded
-from tests.integration.test_session_write_path import expect_error
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc, stream_pb2
 
@@ -218,14 +218,24 @@ async def test_savings_are_sampled_and_aggregated(engine):
     assert unsampled.baseline_tokens == 0 and unsampled.savings_ratio == 0
 
 
-async def test_compaction_job_once_per_crossing(engine):
+async def test_compaction_job_once_per_crossing_and_none_again_for_a_refused_version(engine):
     org = unique("org")
     caller = engine.caller(org, clearance=1)
     await ingest(caller, "long", [f"user: long turn {i} " + "detail " * 30 for i in range(10)])
     for _ in range(3):  # above 80 % of a 300-token budget on every call: one crossing
         await assemble(caller, session="long", task="", budget=300)
-    await assemble(caller, session="long", task="", budget=100_000)  # back under: the request closes
-    await assemble(caller, session="long", task="", budget=300)  # a second crossing
+
+    async def refused():  # ten turns, all kept verbatim: nothing to compact, and the request closes
+        return await admin_fetch(engine, "SELECT 1 FROM compaction_requests WHERE org_id = $1 AND "
+                                         "closed_reason = 'refused' AND refusal = 'nothing_to_compact'", org)
+
+    deadline = time.monotonic() + 60
+    while not await refused():
+        assert time.monotonic() < deadline, "the worker did not refuse the request"
+        await asyncio.sleep(0.1)
+    await assemble(caller, session="long", task="", budget=300)  # the same version: nothing asked again
+    await ingest(caller, "long", ["user: one more turn " + "detail " * 30])
+    await assemble(caller, session="long", task="", budget=300)  # a new version: a second crossing
 
     topic = LogTopics.from_settings(engine.settings).jobs["compaction"]
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=engine.settings.kafka_bootstrap,

@@ -12,20 +12,18 @@ from context_engine.events import EVENT_INGESTED, Event, canonical_bytes, sessio
 from context_engine.scope import Scope
 from inference.tokens import count_tokens
 from projections.records import LogRecord
-from streams.record_auth import partition_for, signer_from_settings, verifier_from_settings
-from streams.replay import compare, read_archive, read_log, replay, verify
+from streams.record_auth import partition_for, signer_from_settings
+from streams.replay import compare, read_archive, replay, verify
 from streams.topics import LogTopics
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
+from tests.fixtures.replay import log_of  # noqa: F401 (imported by others)
 from tests.integration.test_retrieval import wait_embedded
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 
 
-def log_of(settings, topic: str, **kwargs):
-    """The log as the worker reads it: what a trusted writer signed (the deployment's keyring)."""
-    return read_log(settings.kafka_bootstrap, topic, verifier=verifier_from_settings(settings), **kwargs)
 
 SESSIONS, EVENTS = 10, 1000
 

@@ -11,8 +11,8 @@ import pytest
 
 from context_engine import hashing
 from context_engine.events import canonical_bytes
-from context_engine.serving.status import error_info
 from inference.tokens import count_tokens
+from tests.fixtures.calls import archived_count, expect_error, session_version  # noqa: F401 (imported by others)
 from tests.fixtures.engine import unique
 from upsquad.context.v1 import context_pb2 as pb
 
@@ -29,37 +29,6 @@ def ingest_payload(session_id, event_type, content: bytes, metadata=None, idempo
 
 def chain_input(payload) -> str:
     return hashlib.sha256(canonical_bytes(payload)).hexdigest()
-
-
-async def expect_error(code, coro, field=None, reason=None):
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await coro
-    assert err.value.code() == code, err.value.details()
-    if field:
-        assert field in err.value.details(), err.value.details()
-    if reason:
-        assert error_info(err.value).reason == reason
-    return err.value
-
-
-async def archived_count(engine, org):
-    """Events the org's commands wrote (the workers' derived events — vectors, PII scan results —
-    follow on their own)."""
-    conn = await asyncpg.connect(engine.settings.database_url)
-    try:
-        return await conn.fetchval("SELECT count(*) FROM event_archive WHERE org_id = $1 "
-                                   "AND type NOT IN ('embedding.recorded', 'memory.scrubbed')", org)
-    finally:
-        await conn.close()
-
-
-async def session_version(engine, org, session_id):
-    conn = await asyncpg.connect(engine.settings.database_url)
-    try:
-        return await conn.fetchval("SELECT version FROM sessions WHERE org_id = $1 AND session_id = $2",
-                                   org, session_id)
-    finally:
-        await conn.close()
 
 
 async def test_ingest_returns_content_hash_and_tokens(engine):

@@ -28,12 +28,12 @@ from projections.records import LogRecord
 from projections.share_grants import held_sql
 from streams.replay import replay, verify
 from streams.topics import LogTopics
+from tests.fixtures.calls import admin_fetch, expect_error  # noqa: F401 (admin_fetch: imported by others)
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import Caller, unique
 from tests.fixtures.settling import settled
 from tests.integration.test_guardrails_api import publish
 from tests.integration.test_replay_verify import log_of
-from tests.integration.test_session_write_path import expect_error
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
@@ -59,14 +59,6 @@ def caller(engine, org: str, *ids: str, clearance: int = 3, subject: str | None 
                        subject=subject)
     return Caller(context_pb2_grpc.ContextEngineStub(engine.channel), token,
                   pb.ScopePath(org_id=org, pillar_id=pillar, team_id=team, agent_id=agent))
-
-
-async def admin_fetch(engine, statement: str, *args):
-    conn = await asyncpg.connect(engine.settings.database_url)
-    try:
-        return await conn.fetch(statement, *args)
-    finally:
-        await conn.close()
 
 
 async def new_world(engine) -> World:

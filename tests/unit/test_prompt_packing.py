@@ -163,15 +163,86 @@ def test_random_inputs_stay_in_budget_and_show_every_source_once():
         try:
             p = packed(budget, retrieved=retrieved, history_newest_first=history)
         except BudgetError:
-            assert budget < count(render(LAYERS + PINNED)[0]), trial
+            assert budget < count(render(LAYERS + PINNED + history[:1])[0]), trial
             continue
         assert p.tokens == count(p.prompt) <= budget, trial
+        assert not history or history[0] in p.blocks, trial  # the newest turn, always
         sources = [b.source for b in p.blocks if b.kind in ("retrieved", "history")]
         assert len(sources) == len(set(sources)), trial
         kept = [b for b in p.blocks if b.kind == "history"]
         assert kept == list(reversed(history[:len(kept)])), trial
         shown = [b for b in p.blocks if b.kind == "retrieved"]
         assert [b.at for b in shown] == sorted(b.at for b in shown), trial
+
+
+def test_the_newest_turn_is_in_the_prompt_however_much_retrieval_could_fill():
+    history = dialogue(8)
+    retrieved = [block("retrieved", f"an older matter {i} " + "word " * 40, key=f"x{i}", score=1 - i / 100,
+                       source=f"x{i}", time="2024-01-01 09:00", at=("2024-01-01", f"x{i}", 0)) for i in range(30)]
+    for budget in (90, 150, 400, 1000):
+        p = packed(budget, retrieved=retrieved, history_newest_first=history)
+        assert history[0] in p.blocks and p.tokens <= budget, budget
+        assert p.prompt.rstrip().endswith(history[0].text)  # the last thing the prompt says
+
+
+def test_a_budget_below_the_newest_turn_is_refused_naming_it():
+    history = dialogue(3)
+    need = count(render(LAYERS + PINNED + history[:1])[0])
+    assert history[0] in packed(need, history_newest_first=history).blocks
+    with pytest.raises(BudgetError, match=r"newest turn \(e2\) needs") as err:
+        packed(need - 1, history_newest_first=history)
+    assert err.value.reason == "TOKEN_BUDGET_TOO_SMALL" and err.value.field == "token_budget"
+
+
+def test_the_reserved_window_is_packed_before_retrieval():
+    history = dialogue(20)
+    retrieved = [block("retrieved", f"an older matter {i} " + "word " * 20, key=f"x{i}", score=1 - i / 100,
+                       source=f"x{i}", time="2024-01-01 09:00", at=("2024-01-01", f"x{i}", 0)) for i in range(60)]
+    prefix = count(render(LAYERS + PINNED)[0])
+    kept_turns = []
+    for share in (0.0, 0.1, 0.25, 0.5):
+        p = pack(layers=LAYERS, pinned=PINNED, required=[], retrieved=retrieved, history_newest_first=history,
+                 budget=600, count=count, recent_share=share)
+        kept = [b for b in p.blocks if b.kind == "history"]
+        assert kept == list(reversed(history[:len(kept)]))
+        window = count(render(LAYERS + PINNED + kept)[0]) - prefix
+        turn = max(count(b.text + SEPARATOR) for b in history) + count("[2024-05-05 10:00]\n")
+        whole = count(render(LAYERS + PINNED + history[::-1])[0]) - prefix
+        assert window > min(share * 600, whole) - turn, share  # the reserve is filled before retrieval
+        assert any(b.kind == "retrieved" for b in p.blocks)
+        kept_turns.append(len(kept))
+    assert kept_turns == sorted(kept_turns) and kept_turns[-1] > kept_turns[0]
+
+
+def summary_line(i: int, text: str, time: str) -> Block:
+    return Block("history", text, key=f"line-{i}", source=f"line-{i}", time=f"{time}, summary of earlier turns",
+                 stands_for=f"e{i}")
+
+
+def test_a_retrieved_turn_takes_the_place_of_its_summary_line():
+    turns = dialogue(12)  # e11 … e0
+    recent = turns[:4]  # e11 … e8 verbatim
+    lines = [summary_line(i, f"user: line for {i}", "2024-05-01 10:00") for i in range(7, -1, -1)]
+    history = recent + lines
+    retrieved = [chunk_of(turns[-4], 0.9)]  # turn 3, which line-3 stands for
+    p = packed(10_000, retrieved=retrieved, history_newest_first=history)
+    assert "line for 3" not in p.prompt and p.prompt.count("turn 3 of the talk") == 1
+    assert "## Retrieved context" not in p.prompt
+    shown = [b for b in p.blocks if b.kind == "history"]
+    swapped = next(b for b in shown if b.source == "e3")
+    assert swapped.chunks == ("c-e3",) and swapped.key == "line-3"
+    assert [b.key for b in shown] == [b.key for b in reversed(history)]  # in the line's place
+    # A budget that does not reach the line: the turn stays retrieved, the line is not shown.
+    small = packed(count(render(LAYERS + PINNED)[0]) + 60, retrieved=retrieved, history_newest_first=history)
+    assert "turn 3 of the talk" in small.prompt and "line for 3" not in small.prompt
+
+
+def test_a_pinned_turn_is_not_shown_again_as_its_summary_line():
+    lines = [summary_line(i, f"user: line for {i}", "2024-05-01 10:00") for i in range(3, -1, -1)]
+    history = dialogue(6)[:2] + lines
+    pinned = [block("pinned", "user: turn 2 of the talk", key="c-e2", source="e2")]
+    p = packed(10_000, pinned=pinned, history_newest_first=history)
+    assert "line for 2" not in p.prompt and "line for 1" in p.prompt
 
 
 def test_same_inputs_same_bytes():
