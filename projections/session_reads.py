@@ -141,6 +141,18 @@ def _metadata(text: str | None) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+# A must_include event: an active turn or summary line of the session the caller sees, or a turn a
+# compaction on the session's chain replaced (it left the history, not the session).
+_REQUIRED_EVENT = """
+SELECT e.event_id, e.content, e.metadata::text AS metadata, e.event_type, e.occurred_at, e.stands_for
+FROM session_events e
+WHERE e.org_id = $1 AND e.session_id = $2 AND e.event_id = $3 AND e.scope_path = ANY($4::text[])
+  AND (e.active OR EXISTS (
+      SELECT 1 FROM session_items i JOIN session_items k
+        ON k.org_id = i.org_id AND k.session_id = i.session_id AND k.active AND i.seq = ANY(k.replaces)
+      WHERE i.org_id = e.org_id AND i.session_id = e.session_id AND i.event_id = e.event_id))
+"""
+
 # The pinned chunks the caller sees by ownership or through a live use_in_assembly grant (then
 # with the share it came through): active and cleared by the PII scan. A summary line's chunk is
 # never retrieved but may be pinned (it is in chunk_ids), as a turn a compaction replaced may be.
@@ -191,10 +203,7 @@ async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_i
             eid = uuid.UUID(event_id)
         except ValueError:
             raise InvalidArgument(field_name, f"{key!r}: {event_id!r} is not an event id (UUID)") from None
-        row = await conn.fetchrow(
-            "SELECT event_id, content, metadata::text AS metadata, event_type, occurred_at, stands_for "
-            "FROM session_events WHERE org_id = $1 AND session_id = $2 "
-            "  AND event_id = $3 AND active AND scope_path = ANY($4::text[])", org, session_id, eid, visible.sql_paths)
+        row = await conn.fetchrow(_REQUIRED_EVENT, org, session_id, eid, visible.sql_paths)
         if row is None:
             raise NotFound(f"{field_name}: {key!r}: no such active event in session {session_id!r}",
                            reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})

@@ -6,7 +6,6 @@ the worker's next start; `context-engine stats compaction` and the worker's metr
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.request
 
 import pytest
@@ -16,6 +15,7 @@ from context_engine.scope import Scope
 from streams.jobs import compaction_job, publish
 from streams.record_auth import Keyring, RecordSigner
 from streams.topics import LogTopics
+from tests.fixtures.calls import wait_for
 from tests.fixtures.engine import unique, wait_until_projecting
 from tests.integration.test_compact import OLDER, RECENT, active_turns, long_session
 from tests.integration.test_shares import admin_fetch as fetch
@@ -23,7 +23,6 @@ from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 
-WAIT_S = 90.0
 
 
 def job_outcomes(port: int) -> dict[str, float]:
@@ -32,16 +31,6 @@ def job_outcomes(port: int) -> dict[str, float]:
         text = reply.read().decode()
     return {s.labels["outcome"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
             if s.name == "context_engine_compactions_total" and s.labels.get("trigger") == "job"}
-
-
-async def wait_for(what: str, probe, engine, timeout: float = WAIT_S):
-    """Poll `probe()` until it returns something truthy (background work, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while not (found := await probe()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen in {timeout:.0f}s\nworker log:\n{engine.worker.log_tail()}")
-        await asyncio.sleep(0.1)
-    return found
 
 
 async def compactions(engine, org, sid):

@@ -304,17 +304,23 @@ async def admin_db(request, fresh_db: str, postgres_url: str) -> AsyncIterator[s
         yield owner_url
 
 
-async def test_snapshot_names_become_their_creators_with_the_archived_scope(admin_db: str, tmp_path: Path,
-                                                                             request) -> None:
-    """0019 gives snapshots made before it the scope of the event that made them; one whose
-    event is missing, or does not read as JSON (a \\u0000 in its actor), becomes the org's."""
+async def migrate_before(version: str, admin_db: str, tmp_path: Path, request) -> str:
+    """Bring the database to the schema just before `version`; the app role the test migrates with."""
     app_role = getattr(request.node, "app_role", APP_ROLE)
     before = tmp_path / "before"
     before.mkdir()
     for m in load_migrations():
-        if m.version < "0019":
+        if m.version < version:
             shutil.copy(MIGRATIONS_DIR / m.name, before / m.name)
     await migrate(admin_db, app_role=app_role, app_password=APP_PASSWORD, directory=before)
+    return app_role
+
+
+async def test_snapshot_names_become_their_creators_with_the_archived_scope(admin_db: str, tmp_path: Path,
+                                                                             request) -> None:
+    """0019 gives snapshots made before it the scope of the event that made them; one whose
+    event is missing, or does not read as JSON (a \\u0000 in its actor), becomes the org's."""
+    app_role = await migrate_before("0019", admin_db, tmp_path, request)
     team = Scope("org-a", "sales", "emea")
     made = [Event(SNAPSHOT_CREATED, team, session_aggregate("org-a", "s"), actor,
                   {"session_id": "s", "snapshot_id": str(uuid.uuid4()), "name": name})
@@ -352,13 +358,7 @@ async def test_compactions_projected_before_0025_keep_their_turns_retrievable(ad
     """0025 makes the turns a compaction replaced retrievable again (recall storage) and the chunks
     of a summary written as one row shown only, with the statistics recounted over what is
     searchable now."""
-    app_role = getattr(request.node, "app_role", APP_ROLE)
-    before = tmp_path / "before"
-    before.mkdir()
-    for m in load_migrations():
-        if m.version < "0025":
-            shutil.copy(MIGRATIONS_DIR / m.name, before / m.name)
-    await migrate(admin_db, app_role=app_role, app_password=APP_PASSWORD, directory=before)
+    app_role = await migrate_before("0025", admin_db, tmp_path, request)
     turns, summary = [uuid.uuid4(), uuid.uuid4()], uuid.uuid4()
     chunk = {source: uuid.uuid4() for source in (*turns, summary)}
     conn = await asyncpg.connect(admin_db)

@@ -6,8 +6,7 @@ turns stay retrievable."""
 
 from __future__ import annotations
 
-import asyncio
-import time
+import pathlib
 import uuid
 
 import grpc
@@ -21,7 +20,14 @@ from projections.retrieval.chunking import chunk_id
 from projections.session_history import session_history
 from streams.replay import compare, replay
 from streams.topics import LogTopics
-from tests.fixtures.calls import admin_fetch, archived_count, expect_error, session_version, with_trailers
+from tests.fixtures.calls import (
+    admin_fetch,
+    archived_count,
+    expect_error,
+    session_version,
+    wait_for,
+    with_trailers,
+)
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
 from tests.fixtures.json_server import FakeChatServer
@@ -31,7 +37,6 @@ from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 
-WAIT_S = 90.0
 # A renewal negotiation: 14 turns on 28 November, 10 on 3 December; the last is the question.
 SAID = [
     ("user", "2026-11-28 09:00", "Hi, Dana Whitfield from Globex here. We want to renew support plan GLX-4471."),
@@ -84,16 +89,6 @@ async def negotiation(engine, turns=NEGOTIATION):
 def assemble(sid: str, budget: int, task: str = OLD_TOPICS, **hints: str) -> pb.AssembleContextRequest:
     return pb.AssembleContextRequest(session_id=sid, task_description=task, token_budget=budget, model_id="gpt-4",
                                      hints=hints)
-
-
-async def wait_for(what: str, probe, engine, timeout: float = WAIT_S):
-    """Poll `probe()` until it returns something truthy (background work, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while not (found := await probe()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen in {timeout:.0f}s\nworker log:\n{engine.worker.log_tail()}")
-        await asyncio.sleep(0.1)
-    return found
 
 
 async def requests(engine, org, sid):
@@ -331,6 +326,9 @@ async def test_replaced_turns_stay_retrievable_under_every_rule_and_replay_agree
     pinned = await owner("AssembleContext", assemble(sid, 4000, task="", pinned_chunk_ids=manager_chunk))
     assert pinned.assembled_prompt.count("Tomas Lindqvist") == 1
     assert pinned.assembled_prompt.index("Tomas Lindqvist") < pinned.cache_prefix_bytes
+    required = await owner("AssembleContext", assemble(sid, 4000, task="", must_include=f"event:{ids[9]}"))
+    section = required.assembled_prompt.split("## Required context", 1)[1].split("## Recent conversation")
+    assert manager in section[0] and "Tomas Lindqvist" not in section[1]
     # Another team does not find it; a rollback to before the turn was said removes it.
     sibling = engine.caller(org, "sales", "apac", clearance=4)
     assert not [r for r in (await sibling("Search", pb.SearchRequest(query="Tomas Lindqvist", top_k=10))).results
@@ -342,6 +340,8 @@ async def test_replaced_turns_stay_retrievable_under_every_rule_and_replay_agree
                 if r.chunk_id == manager_chunk]
     await expect_error(grpc.StatusCode.NOT_FOUND,
                        owner("AssembleContext", assemble(sid, 4000, task="", pinned_chunk_ids=manager_chunk)))
+    await expect_error(grpc.StatusCode.NOT_FOUND,
+                       owner("AssembleContext", assemble(sid, 4000, task="", must_include=f"event:{ids[9]}")))
     await owner("RollbackContext", pb.RollbackContextRequest(session_id=sid, target_version_hash=base))
     assert (await owner("Search", pb.SearchRequest(query="Tomas Lindqvist", top_k=3))).results[0].chunk_id == \
         manager_chunk
@@ -351,3 +351,45 @@ async def test_replaced_turns_stay_retrievable_under_every_rule_and_replay_agree
     async with fresh_database(engine.settings.database_url, "ce_test_replay") as target:
         await replay(log_of(engine.settings, topic), target)
         assert await compare(engine.settings.database_url, target) == []
+
+
+# -- the prompts docs/compaction.md shows -------------------------------------------------------------
+
+DOC_TURNS = [
+    ("user", "2026-11-28 09:00", "Hi there! Great, thank you so much. We want to renew support plan GLX-4471 "
+                                 "for Globex. Thanks!"),
+    ("assistant", "2026-11-28 09:02", "Hello Dana! Sounds good, no problem at all. Plan GLX-4471 renews on "
+                                      "15 December 2026 at 12,400 EUR. Okay?"),
+    ("user", "2026-11-28 09:05", "Okay, great. We need 40 seats in Lyon and 12 seats in Porto. Thanks a lot!"),
+    ("assistant", "2026-11-28 09:07", "Sure, no problem. Noted: 40 seats in Lyon and 12 seats in Porto. "
+                                      "Have a great day!"),
+    ("user", "2026-12-03 14:00", "Hello again. Legal approved the two-year term."),
+    ("assistant", "2026-12-03 14:01", "Shall I prepare the order form?"),
+    ("user", "2026-12-03 14:03", "Yes, with the workshop in January."),
+    ("assistant", "2026-12-03 14:04", "The workshop can be on 12 January 2027 in Lyon."),
+    ("user", "2026-12-03 14:06", "Is the price unchanged?"),
+    ("assistant", "2026-12-03 14:07", "Yes, the same yearly price."),
+    ("user", "2026-12-03 14:09", "And the payment terms?"),
+    ("assistant", "2026-12-03 14:10", "Net 30 days."),
+    ("user", "2026-12-03 14:12", "Fine."),
+    ("user", "2026-12-03 14:15", "How many seats did we ask for in Porto?"),
+]
+
+
+def documented(name: str) -> str:
+    """The ```text block after `<!-- name -->` in docs/compaction.md."""
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "compaction.md").read_text()
+    return doc.split(f"<!-- {name} -->", 1)[1].split("```text\n", 1)[1].split("\n```", 1)[0]
+
+
+async def test_the_prompts_docs_show_before_and_after_a_compaction_are_the_engines(engine):
+    """History only (no task_description: nothing depends on the embedder), the whole session in
+    the budget: the same turns before, the summary lines in the older turns' places after."""
+    org, sid, owner, _ = await negotiation(engine, DOC_TURNS)
+    request = pb.AssembleContextRequest(session_id=sid, token_budget=2000, model_id="gpt-4")
+    before = (await owner("AssembleContext", request)).assembled_prompt
+    compacted = await compact(owner, sid)
+    assert (compacted.original_tokens, compacted.compacted_tokens) == (109, 77)
+    after = (await owner("AssembleContext", request)).assembled_prompt
+    assert before == documented("prompt before compaction")
+    assert after == documented("prompt after compaction")
