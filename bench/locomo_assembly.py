@@ -14,7 +14,15 @@ Then, for every question and every budget (default 1,000 / 2,000 / 4,000), one A
 call (one in flight): task_description = the question, session_id = the conversation's session,
 model_id "gpt-4" (cl100k_base), no hints, no guardrail layers, the server's default settings
 (retrieval floor retrieval_min_score, savings sampled on 5 % of calls) except that a crossing of
-the compaction threshold does not compact the session (COMPACTION_ON_THRESHOLD=false).
+the compaction threshold does not compact the session (COMPACTION_ON_THRESHOLD=false) unless
+--compaction-on-threshold: then the first (untimed) calls compact every session, and the bench
+waits for the worker to close every request before the timed calls. --setting NAME=VALUE sets
+any other setting (ASSEMBLY_RECENT_SHARE=0, say).
+
+With --question-turn, each question is first ingested as the session's newest turn (metadata
+role "user", the time of the conversation's last session), the budgets are assembled, and the
+session is rolled back to the version before it (RollbackContext): "newest" reports the share of
+prompts that hold that turn (its chunk id, and the prompt ends with its text).
 
 Per budget:
   evidence coverage   per question |evidence turns in the prompt| / |evidence|, averaged
@@ -27,7 +35,13 @@ Per budget:
   tokens              mean assembled_tokens; token reduction = 1 - assembled / full, where full
                       = the whole conversation as one prompt (turns joined by a blank line,
                       cl100k), per call then averaged;
-  latency             p50 / p95 of the call, measured by the client.
+  latency             p50 / p95 of the call, measured by the client;
+  by sentence         an evidence turn counts when the prompt holds its text or one of its
+                      sentences of 12+ characters (a compaction summary keeps sentences):
+                      bench/locomo_compaction.py's measure.
+
+Rows: all questions, per category, and the conversations the retrieval recipe is fitted on
+(conv-26, 30, 41, 42, 43, 44: "fit") apart from those it is judged on (conv-47, 48, 49, 50: "held out").
 
     .venv/bin/python bench/locomo_assembly.py                          # all 10 conversations
     .venv/bin/python bench/locomo_assembly.py --limit-conversations 2 --budgets 2000
@@ -57,11 +71,12 @@ import grpc  # noqa: E402
 from grpc_load import call_with_retry
 from locomo import Conversation, load_locomo
 from locomo_search import CATEGORIES, REFERENCE, Item, items_of, org_of
-from options import add_locomo_options
+from options import add_locomo_options, add_setting_option, stack_settings
 from report import load_average, machine, percentile
 from stack import Stack, wait_for_vectors
 from tqdm import tqdm
 
+from inference.summarizers.extractive import sentences
 from inference.tokens import count_tokens
 from projections.retrieval.chunking import CHUNK_NAMESPACE
 from upsquad.context.v1 import context_pb2 as pb
@@ -71,6 +86,9 @@ MODEL = "gpt-4"
 SEPARATOR = "\n\n"
 GOAL_BUDGET = 2000
 GOAL_REDUCTION = 0.85
+MIN_SENTENCE = 12
+FIT = ("26", "30", "41", "42", "43", "44")  # the conversations a recipe is fitted on
+HELD_OUT = ("47", "48", "49", "50")  # and those it is judged on
 BEST_PLAIN = ("RRF", REFERENCE["RRF"][4])  # R@2k tok of the best plain ranker in the issue (.793)
 _HISTORY_HEADING = re.compile(r"(?:^|\n\n)## Recent conversation\n\n")
 _RETRIEVED_HEADING = re.compile(r"(?:^|\n\n)## Retrieved context\n\n")
@@ -165,7 +183,9 @@ class Call:
     fallback: str
     baseline_tokens: int
     unlocated: int  # chunk ids whose text was not found in the prompt in order
-    unknown_ids: int  # chunk ids that are no turn of the conversation
+    unknown_ids: int  # chunk ids that are no turn of the conversation (a summary line's, a question turn's)
+    coverage_sentences: float  # by text or a sentence of 12+ characters
+    newest: bool | None  # the question, ingested as the newest turn, is in the prompt (None: not ingested)
 
 
 @dataclass
@@ -183,7 +203,14 @@ def sections(prompt: str) -> tuple[int, int]:
     return (r.start() if r else len(prompt)), (h.start() if h else len(prompt))
 
 
-def measure(i: int, item: Item, budget: int, latency: float, response, corpus: Corpus) -> Call:
+def covered(prompt: str, turn: str) -> bool:
+    """The prompt holds the turn, or one of its sentences of MIN_SENTENCE characters or more."""
+    text = turn.split(": ", 1)[-1].strip()
+    return text in prompt or any(len(s) >= MIN_SENTENCE and s in prompt for s in sentences(text))
+
+
+def measure(i: int, item: Item, budget: int, latency: float, response, corpus: Corpus,
+            question_chunk: str | None = None) -> Call:
     prompt = response.assembled_prompt
     evidence = set(item.question.evidence)
     r_start, h_start = sections(prompt)
@@ -203,6 +230,7 @@ def measure(i: int, item: Item, budget: int, latency: float, response, corpus: C
         (in_history if pos >= h_start else in_retrieved).add(dia_id)
     by_id = in_retrieved | in_history | {corpus.dia_of_chunk[c] for c in response.chunk_ids
                                          if c in corpus.dia_of_chunk}
+    unknown -= question_chunk in response.chunk_ids if question_chunk else 0
     by_text = {d for d in evidence if corpus.text_of.get(d, "\0").strip() in prompt}
     n = len(evidence)
     retrieved_text = prompt[r_start:h_start] if r_start < len(prompt) else ""
@@ -218,40 +246,100 @@ def measure(i: int, item: Item, budget: int, latency: float, response, corpus: C
         reduction=1 - response.assembled_tokens / corpus.full_tokens,
         outcome=pb.RetrievalOutcome.Name(response.quality.retrieval_outcome).removeprefix("RETRIEVAL_OUTCOME_"),
         fallback=response.quality.fallback_reason if response.quality.fallback_used else "",
-        baseline_tokens=response.baseline_tokens, unlocated=unlocated, unknown_ids=unknown)
+        baseline_tokens=response.baseline_tokens, unlocated=unlocated, unknown_ids=unknown,
+        coverage_sentences=sum(covered(prompt, corpus.text_of[d]) for d in evidence if d in corpus.text_of) / n,
+        newest=None if question_chunk is None else (question_chunk in response.chunk_ids
+                                                    and prompt.rstrip().endswith(item.question.text.strip())))
 
 
-async def assemble_all(stack: Stack, items: list[Item], budgets: list[int],
-                       corpora: dict[str, Corpus]) -> list[Call]:
+async def assemble_all(stack: Stack, items: list[Item], budgets: list[int], corpora: dict[str, Corpus], *,
+                       question_turn: bool = False, compaction: bool = False) -> list[Call]:
     calls: list[Call] = []
     async with grpc.aio.insecure_channel(stack.address) as channel:
         stub = context_pb2_grpc.ContextEngineStub(channel)
         tokens: dict[str, str] = {}
 
+        def auth(org: str, clearance: int = 1) -> tuple:
+            token = tokens.setdefault(f"{org}/{clearance}", stack.token(org, clearance=clearance))
+            return (("authorization", f"Bearer {token}"),)
+
         def request(it: Item, budget: int, task: str) -> tuple[pb.AssembleContextRequest, tuple]:
             org = org_of(it.conversation)
-            token = tokens.setdefault(org, stack.token(org))
             return (pb.AssembleContextRequest(scope=pb.ScopePath(org_id=org), session_id=session_of(it.conversation),
                                               task_description=task, token_budget=budget, model_id=MODEL),
-                    (("authorization", f"Bearer {token}"),))
+                    auth(org))
 
         # Untimed first call per conversation: connection, first query embedding, and the
         # compaction-threshold event the first call over 80 % of the budget appends.
         for it in {it.conversation.name: it for it in items}.values():
             for budget in budgets:
                 await call_with_retry(stub.AssembleContext, *request(it, budget, "hello"))
+        if compaction:
+            await requests_closed(stack, sorted({org_of(it.conversation) for it in items}))
+        await session_versions(stack.endpoints()["database_url"],
+                               list({it.conversation.name: it.conversation for it in items}.values()))
         bar = tqdm(total=len(items) * len(budgets), desc="AssembleContext", unit="call", file=sys.stderr)
         for i, it in enumerate(items):
             corpus = corpora[it.conversation.name]
+            org, session = org_of(it.conversation), session_of(it.conversation)
+            question_chunk, before = None, ""
+            if question_turn:
+                before, question_chunk = await ask(stub, it, auth(org))
             for budget in budgets:
                 req, metadata = request(it, budget, it.question.text)
                 started = time.perf_counter()
                 response = await call_with_retry(stub.AssembleContext, req, metadata)
                 latency = time.perf_counter() - started
-                calls.append(measure(i, it, budget, latency, response, corpus))
+                calls.append(measure(i, it, budget, latency, response, corpus, question_chunk))
                 bar.update()
+            if question_turn:
+                await call_with_retry(stub.RollbackContext, pb.RollbackContextRequest(
+                    scope=pb.ScopePath(org_id=org), session_id=session, target_version_hash=before), auth(org, 3))
         bar.close()
     return calls
+
+
+async def ask(stub, it: Item, metadata: tuple) -> tuple[str, str]:
+    """Ingest the question as the session's newest user turn: (the version before it, its chunk id)."""
+    c = it.conversation
+    last = c.times.get(c.turns[-1][0], "") if c.turns else ""
+    reply = await call_with_retry(stub.IngestEvent, pb.IngestEventRequest(
+        scope=pb.ScopePath(org_id=org_of(c)), session_id=session_of(c), event_type="message",
+        content=it.question.text.encode(), metadata={"role": "user", **({"time": last} if last else {})}), metadata)
+    return _VERSIONS[session_of(c)], turn_chunk_id(reply.event_id)
+
+
+_VERSIONS: dict[str, str] = {}  # each session's version before any question: the rollback target
+
+
+async def requests_closed(stack: Stack, orgs: list[str], timeout: float = 3600.0) -> None:
+    """Wait until the worker has closed every compaction request of these orgs (compacted or refused)."""
+    conn = await asyncpg.connect(stack.endpoints()["database_url"])
+    deadline = time.monotonic() + timeout
+    try:
+        while await conn.fetchval("SELECT count(*) FROM compaction_requests WHERE org_id = ANY($1::text[]) "
+                                  "AND closed_by IS NULL", orgs):
+            if time.monotonic() > deadline:
+                raise TimeoutError("compaction requests still open")
+            await asyncio.sleep(1.0)
+        rows = await conn.fetch("SELECT org_id, replaced_turns, original_tokens, compacted_tokens FROM compactions "
+                                "WHERE org_id = ANY($1::text[]) ORDER BY org_id", orgs)
+        print(f"compactions on threshold: {len(rows)} ({sum(r['replaced_turns'] for r in rows):,} turns, "
+              f"{sum(r['original_tokens'] for r in rows):,} -> {sum(r['compacted_tokens'] for r in rows):,} tokens)",
+              file=sys.stderr)
+    finally:
+        await conn.close()
+
+
+async def session_versions(database_url: str, conversations: list[Conversation]) -> None:
+    """Each session's version now (the target of a question turn's rollback)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        for c in conversations:
+            _VERSIONS[session_of(c)] = await conn.fetchval(
+                "SELECT version FROM sessions WHERE org_id = $1 AND session_id = $2", org_of(c), session_of(c))
+    finally:
+        await conn.close()
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -262,6 +350,8 @@ def summary(calls: list[Call]) -> dict[str, float]:
         "n": len(calls),
         "coverage": mean([c.coverage for c in calls]),
         "coverage_text": mean([c.coverage_text for c in calls]),
+        "coverage_sentences": mean([c.coverage_sentences for c in calls]),
+        "newest": mean([1.0 if c.newest else 0.0 for c in calls if c.newest is not None]),
         "from_retrieved": mean([c.retrieved_cov for c in calls]),
         "from_history": mean([c.history_cov for c in calls]),
         "assembled_tokens": mean([c.assembled_tokens for c in calls]),
@@ -281,12 +371,13 @@ def summary(calls: list[Call]) -> dict[str, float]:
 
 def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
     print(title)
-    print(f"{'':<14}{'n':>6}{'coverage':>10}{'by text':>9}{'retrieved':>11}{'history':>9}{'tokens':>8}"
-          f"{'retr tok':>10}{'hist tok':>10}{'reduction':>11}{'p50 ms':>8}{'p95 ms':>8}")
+    print(f"{'':<14}{'n':>6}{'coverage':>10}{'by text':>9}{'by sent':>9}{'retrieved':>11}{'history':>9}"
+          f"{'newest':>8}{'tokens':>8}{'retr tok':>10}{'hist tok':>10}{'reduction':>11}{'p50 ms':>8}{'p95 ms':>8}")
     for name, s in rows.items():
-        print(f"{name:<14}{s['n']:>6}{s['coverage']:>10.3f}{s['coverage_text']:>9.3f}{s['from_retrieved']:>11.3f}"
-              f"{s['from_history']:>9.3f}{s['assembled_tokens']:>8.0f}{s['retrieved_tokens']:>10.0f}"
-              f"{s['history_tokens']:>10.0f}{s['reduction']:>11.1%}{s['p50_ms']:>8.1f}{s['p95_ms']:>8.1f}")
+        print(f"{name:<14}{s['n']:>6}{s['coverage']:>10.3f}{s['coverage_text']:>9.3f}{s['coverage_sentences']:>9.3f}"
+              f"{s['from_retrieved']:>11.3f}{s['from_history']:>9.3f}{s['newest']:>8.3f}{s['assembled_tokens']:>8.0f}"
+              f"{s['retrieved_tokens']:>10.0f}{s['history_tokens']:>10.0f}{s['reduction']:>11.1%}"
+              f"{s['p50_ms']:>8.1f}{s['p95_ms']:>8.1f}")
 
 
 def main() -> None:
@@ -298,6 +389,11 @@ def main() -> None:
                         help="the tenant floor retrieval_min_score for the stack (default: the server's)")
     parser.add_argument("--no-dialogue-times", action="store_true",
                         help="ingest without metadata time: turns are dated by when the stack received them")
+    parser.add_argument("--question-turn", action="store_true",
+                        help="ingest each question as the newest turn before its calls, roll it back after")
+    parser.add_argument("--compaction-on-threshold", action="store_true",
+                        help="the default setting: the first calls compact every session (the bench waits)")
+    add_setting_option(parser)
     args = parser.parse_args()
 
     conversations = load_locomo(args.locomo_dir, args.limit_conversations)
@@ -313,7 +409,8 @@ def main() -> None:
 
     # The calls measure assembly over the whole conversation: the worker does not compact the
     # sessions when a call's budget is crossed (bench/locomo_compaction.py measures that).
-    settings = {"CONTEXT_ENGINE_COMPACTION_ON_THRESHOLD": "false"}
+    settings = {"CONTEXT_ENGINE_COMPACTION_ON_THRESHOLD": "true" if args.compaction_on_threshold else "false",
+                **stack_settings(args)}
     if args.min_score is not None:
         settings["CONTEXT_ENGINE_RETRIEVAL_MIN_SCORE"] = str(args.min_score)
     created = args.home is None or not args.home.exists()
@@ -329,7 +426,8 @@ def main() -> None:
         for c in conversations:
             corpora[c.name].dia_of_chunk = {turn_chunk_id(event_ids[(c.name, d)]): d for d, _ in c.turns}
         load_before = load_average()
-        calls = asyncio.run(assemble_all(stack, items, args.budgets, corpora))
+        calls = asyncio.run(assemble_all(stack, items, args.budgets, corpora, question_turn=args.question_turn,
+                                         compaction=args.compaction_on_threshold))
         load_after = load_average()
     finally:
         stack.stop()
@@ -342,6 +440,7 @@ def main() -> None:
           f"session each; {n_turns:,} IngestEvent calls (in order per session) in {ingest_s:.1f} s; {chunks:,} "
           f"chunks embedded {embed_wait_s:.1f} s after the last ack; AssembleContext model_id {MODEL!r}, no hints, "
           f"no layers, floor {args.min_score if args.min_score is not None else 'server default'}, "
+          f"settings {settings}; question as the newest turn: {args.question_turn}; "
           f"one call in flight; turns dated by "
           f"{'when the stack received them' if args.no_dialogue_times else 'their LoCoMo session date_time'}")
     print("store checks: "
@@ -367,6 +466,10 @@ def main() -> None:
     for budget in args.budgets:
         mine = [c for c in calls if c.budget == budget]
         rows = {"all": summary(mine)}
+        for split, names in (("fit", FIT), ("held out", HELD_OUT)):
+            sel = [c for c in mine if items[c.item].conversation.name in names]
+            if sel:
+                rows[split] = summary(sel)
         for cat in CATEGORIES:
             sel = [c for c in mine if items[c.item].question.category == cat]
             if sel:

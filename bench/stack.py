@@ -166,9 +166,9 @@ def wait_quiet(stack: Stack, *, below: float = 0.5, window: float = 5.0, timeout
 async def wait_embedded(database_url: str, orgs: list[str], expected_chunks: int | None = None, *,
                         progress: Callable[[int, int], None] | None = None, poll: float = 1.0,
                         timeout: float = 6 * 3600) -> tuple[int, int]:
-    """Poll PostgreSQL (admin URL) until every chunk of these orgs has a vector (and, when given,
-    at least `expected_chunks` chunks exist). `progress(embedded, total)` after each poll.
-    Returns (chunks, embedded)."""
+    """Poll PostgreSQL (admin URL) until every searchable chunk of these orgs has a vector (and,
+    when given, at least `expected_chunks` chunks exist; a summary line's chunk is never
+    embedded). `progress(embedded, total)` after each poll. Returns (chunks, embedded)."""
     import asyncpg
 
     conn = await asyncpg.connect(database_url)
@@ -177,7 +177,7 @@ async def wait_embedded(database_url: str, orgs: list[str], expected_chunks: int
         while True:
             row = await conn.fetchrow(
                 "SELECT count(*) AS total, count(*) FILTER (WHERE embedding IS NOT NULL) AS embedded "
-                "FROM chunks WHERE org_id = ANY($1::text[])", orgs)
+                "FROM chunks WHERE org_id = ANY($1::text[]) AND searchable", orgs)
             total, embedded = row["total"], row["embedded"]
             if progress is not None:
                 progress(embedded, total)

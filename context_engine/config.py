@@ -174,7 +174,7 @@ class Settings(BaseSettings):
     history_window: int = 2000  # most recent session events considered for the history section
     # The share of the budget the recent window (the newest turn and those before it) may take
     # before retrieval; the newest turn is always in the prompt. Per call: hints["recent_share"].
-    assembly_recent_share: float = Field(default=0.15, ge=0.0, le=1.0)
+    assembly_recent_share: float = Field(default=0.05, ge=0.0, le=1.0)
     compaction_threshold: float = Field(default=0.8, gt=0.0, le=1.0)
     # Share of calls that also count the naive prompt (baseline_tokens, savings_ratio, a
     # BaselineMetricEvent); per-org overrides as JSON {"acme": 1.0}.
