@@ -30,7 +30,7 @@ async def long_session(engine):
     org, sid = unique("org"), unique("s")
     lead = engine.caller(org, "sales", "emea", clearance=3)
     for content in OLDER + RECENT:
-        await lead("IngestEvent", pb.IngestEventRequest(session_id=sid, event_type="message", content=content))
+        await lead.durably("IngestEvent", pb.IngestEventRequest(session_id=sid, event_type="message", content=content))
     return org, sid, lead
 
 

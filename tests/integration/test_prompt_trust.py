@@ -79,7 +79,7 @@ async def negotiation(engine, turns=NEGOTIATION):
     owner = engine.caller(org, "sales", "emea", clearance=3)
     ids = []
     for role, time_, text in turns:
-        reply = await owner("IngestEvent", pb.IngestEventRequest(session_id=sid, event_type="message",
+        reply = await owner.durably("IngestEvent", pb.IngestEventRequest(session_id=sid, event_type="message",
                                                                  content=text.encode(),
                                                                  metadata={"role": role, "time": time_}))
         ids.append(reply.event_id)

@@ -54,7 +54,7 @@ TURNS = [
 async def ingest(caller, session: str, texts, **metadata) -> list[str]:
     ids = []
     for text in texts:
-        reply = await caller("IngestEvent", pb.IngestEventRequest(
+        reply = await caller.durably("IngestEvent", pb.IngestEventRequest(
             session_id=session, event_type="message", content=text.encode(), metadata=metadata))
         ids.append(reply.event_id)
     return ids
