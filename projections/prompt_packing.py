@@ -28,7 +28,9 @@ shown in history, a required turn or memory is neither, and a retrieved turn tha
 there, in its place (the budget its chunks took pays for it), so the recent conversation has no
 gaps and the retrieved section holds what is older than it, or elsewhere. A compaction
 summary's line (`Block.stands_for`: the turn it stands for) gives its place to that turn when
-the turn is retrieved: the verbatim turn is shown there, once, and the line is not spent.
+the turn is retrieved: the turn is shown there, once, marked `(verbatim) ` in its summary's run,
+and the line is not spent; the window counts the turn at the line's place, and the fill swaps a
+line for its turn when the difference fits.
 A block costs the tokens of its text with the separator after it (and its time header if it is
 the first of its time): the encoders split before a block's first character, and a separator
 after punctuation merges into it (cl100k: ".\n\n" is one token), so these costs add up to the
@@ -189,22 +191,24 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
     # The longest recent window that fits with the retrieved chunks it reaches moved into it: a
     # turn can cost more than the slack left and still fit once an older turn's chunks move.
     windows: list[tuple[int, int]] = [(reserved, used)]  # (turns of the window, estimated prompt tokens)
-    reachable = {b.source for b in history[reserved:]}
+    reachable = {b.stands_for or b.source for b in history[reserved:]}
     left = list(got)
     refundable = sum(cost(r.text) for r in left if r.source in reachable) + cost(HEADINGS["retrieved"]) + sum(
         cost(header(t)) for t in {r.time for r in left if r.source in reachable} if t)
     for b in history[reserved:]:
-        moved = [r for r in left if b.source and r.source == b.source]
+        turn = b.stands_for or b.source  # a summary line's retrieved turn moves in and is shown instead
+        moved = [r for r in left if turn and r.source == turn]
         refund = 0
         if moved:  # what the moved chunks cost, their time headers and the heading included
             left = [r for r in left if r not in moved]
             times["retrieved"] = Counter(r.time for r in left)
             refund = sum(cost(r.text) for r in moved) + (0 if left else cost(HEADINGS["retrieved"]))
             refund += sum(cost(header(t)) for t in {r.time for r in moved} if t and not times["retrieved"][t])
-        used += extra(b, recent) - refund
+        shown = _in_place_of(b, moved) if b.stands_for and moved else b
+        used += extra(shown, recent) - refund
         refundable -= refund
         recent.append(b)
-        times["history"][b.time] += 1
+        times["history"][shown.time] += 1
         if used <= budget + FILL_TOLERANCE:
             windows.append((len(recent), used))
         elif used - refundable > budget:
@@ -259,6 +263,18 @@ def _arranged(blocks: Sequence[Block]) -> list[Block]:
     return _ordered(_lines_give_way(blocks))
 
 
+VERBATIM = "(verbatim) "
+
+
+def _in_place_of(line: Block, turn: Sequence[Block]) -> Block:
+    """The retrieved chunks of a summary line's turn, as the history block shown in its place: in
+    the run of its summary's lines (their time header), marked as said word for word, so it costs
+    a few tokens and not two time headers."""
+    parts = sorted(turn, key=lambda r: r.at)
+    return Block("history", VERBATIM + "\n".join(r.text for r in parts), key=line.key, source=line.stands_for,
+                 time=line.time, chunks=tuple(r.key for r in parts))
+
+
 def _lines_give_way(blocks: Sequence[Block]) -> list[Block]:
     """A summary line whose turn a retrieved chunk of the prompt holds gives its place to the
     turn, shown there as history with the chunks retrieved (once: a second line standing for the
@@ -277,9 +293,7 @@ def _lines_give_way(blocks: Sequence[Block]) -> list[Block]:
             out.append(b)
         elif b.stands_for not in placed:
             placed.add(b.stands_for)
-            parts = sorted(turn, key=lambda r: r.at)
-            out.append(Block("history", "\n".join(r.text for r in parts), key=b.key, source=b.stands_for,
-                             time=parts[0].time, chunks=tuple(r.key for r in parts)))
+            out.append(_in_place_of(b, turn))
     return [b for b in out if not (b.kind == "retrieved" and b.source in placed)]
 
 
@@ -294,7 +308,11 @@ def _fill(blocks: list[Block], prompt: str, prefix_bytes: int, tokens: int, cand
     kinds = {b.kind for b in blocks}
     slack = budget - tokens
     for b in [*fill, *older]:
-        estimate = cost(b.text) + (0 if b.kind in kinds else cost(HEADINGS[b.kind]))
+        line = next((x for x in blocks if x.kind == "history" and x.stands_for and x.stands_for == b.source), None)
+        if b.kind == "retrieved" and line is not None:  # it takes its summary line's place: the line is refunded
+            estimate = cost(b.text) - cost(line.text)
+        else:
+            estimate = cost(b.text) + (0 if b.kind in kinds else cost(HEADINGS[b.kind]))
         if estimate > slack + FILL_TOLERANCE:
             if b.kind == "history":
                 break

@@ -8,7 +8,7 @@ import pytest
 
 from context_engine.errors import InvalidArgument
 from inference.tokens import count_tokens
-from projections.prompt_packing import SEPARATOR, Block, BudgetError, pack, render
+from projections.prompt_packing import HEADINGS, SEPARATOR, VERBATIM, Block, BudgetError, pack, render
 
 
 def count(text: str) -> int:
@@ -289,3 +289,18 @@ def test_a_budget_exactly_at_what_must_be_included_is_enough():
     with pytest.raises(BudgetError, match="required items"):
         pack(layers=layers, pinned=[], required=required, retrieved=[], history_newest_first=[],
              budget=with_required - 1, count=count)
+
+
+def test_a_retrieved_turn_too_big_for_the_budget_still_takes_its_line_s_place_when_the_difference_fits():
+    turns = dialogue(6)
+    lines = [summary_line(i, f"user: line {i}", "2024-05-01 10:00") for i in range(3, -1, -1)]
+    history = turns[:2] + lines
+    original = block("retrieved", "user: line 2, said at length with every detail of the order", key="c-e2",
+                     score=0.9, source="e2", time="2024-05-01 10:00", at=("2024-05-01 10:00", "e2", 0))
+    without = packed(10_000, retrieved=[], history_newest_first=history)
+    extra = count(VERBATIM + original.text + SEPARATOR) - count("user: line 2" + SEPARATOR)
+    budget = without.tokens + extra + 1  # not enough for the turn and its line, enough for the turn instead
+    assert count(original.text + SEPARATOR) + count(HEADINGS["retrieved"] + SEPARATOR) > extra + 1
+    p = packed(budget, retrieved=[original], history_newest_first=history)
+    assert "said at length" in p.prompt and "user: line 2\n" not in p.prompt + "\n" and p.tokens <= budget
+    assert [b.key for b in p.blocks if b.kind == "history"] == [b.key for b in reversed(history)]
