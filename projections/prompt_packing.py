@@ -204,11 +204,11 @@ def pack(*, layers: Sequence[Block], pinned: Sequence[Block], required: Sequence
             times["retrieved"] = Counter(r.time for r in left)
             refund = sum(cost(r.text) for r in moved) + (0 if left else cost(HEADINGS["retrieved"]))
             refund += sum(cost(header(t)) for t in {r.time for r in moved} if t and not times["retrieved"][t])
-        shown = _in_place_of(b, moved) if b.stands_for and moved else b
-        used += extra(shown, recent) - refund
+        placed = _in_place_of(b, moved) if b.stands_for and moved else b
+        used += extra(placed, recent) - refund
         refundable -= refund
         recent.append(b)
-        times["history"][shown.time] += 1
+        times["history"][placed.time] += 1
         if used <= budget + FILL_TOLERANCE:
             windows.append((len(recent), used))
         elif used - refundable > budget:
