@@ -78,7 +78,7 @@ async def rows_of(pool: asyncpg.Pool, org: str, **filters) -> list[AuditRow]:
         return await audit_rows(conn, org, limit=10_000, **filters)
 
 
-async def eventually_rows(pool: asyncpg.Pool, org: str, n: int, timeout: float = 60.0) -> list[AuditRow]:
+async def eventually_rows(pool: asyncpg.Pool, org: str, n: int, timeout: float = 300.0) -> list[AuditRow]:
     deadline = time.monotonic() + timeout
     while len(rows := await rows_of(pool, org)) < n:
         assert time.monotonic() < deadline, f"{len(rows)} of {n} audit rows of {org} after {timeout:.0f}s"

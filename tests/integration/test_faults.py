@@ -47,7 +47,7 @@ class Burst:
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._client(i)) for i in range(CLIENTS)]
 
-    async def more_acks(self, count: int, timeout: float = 60.0) -> None:
+    async def more_acks(self, count: int, timeout: float = 300.0) -> None:
         target, deadline = len(self.acked) + count, time.monotonic() + timeout
         while len(self.acked) < target:
             assert time.monotonic() < deadline, f"no progress: {len(self.acked)} acked, refused {self.refused}"

@@ -60,7 +60,7 @@ async def ingest(caller, session: str, texts, **metadata) -> list[str]:
     return ids
 
 
-async def wait_embedded(engine, org: str, timeout: float = 60.0) -> int:
+async def wait_embedded(engine, org: str, timeout: float = 300.0) -> int:
     """The embedding pipeline is asynchronous: wait until every chunk of the org has a vector."""
     conn = await asyncpg.connect(engine.settings.database_url)
     try:

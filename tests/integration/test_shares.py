@@ -94,7 +94,7 @@ async def grant_rows(engine, org: str) -> int:
     return len(await admin_fetch(engine, "SELECT 1 FROM share_grants WHERE org_id = $1", org))
 
 
-async def audit_rows_until(engine, org: str, sentinel_share: str, timeout: float = 60.0) -> list[asyncpg.Record]:
+async def audit_rows_until(engine, org: str, sentinel_share: str, timeout: float = 300.0) -> list[asyncpg.Record]:
     """The org's audit rows once the row of the grant `sentinel_share` is stored. The org's
     messages share one partition (keyed by org) and are published in order, so every row
     recorded before the sentinel's is there too."""
