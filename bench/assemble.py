@@ -54,7 +54,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from context_engine.embedded.process import disable_grpc_fork_handlers
+from entrypoints.embedded.process import disable_grpc_fork_handlers
 
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from report import load_average, machine
 
-from context_engine.embedded.broker import EmbeddedBroker
+from entrypoints.embedded.broker import EmbeddedBroker
 
 TOPIC = "batches"
 

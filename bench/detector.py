@@ -140,7 +140,7 @@ async def run_rpc(call, requests: list, *, concurrency: int, warmup: int) -> dic
 @contextlib.asynccontextmanager
 async def in_process(models_dir: pathlib.Path | None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     from context_engine.config import Settings
-    from inference.detector.server import build_detector_server, start_detector
+    from entrypoints.detector.server import build_detector_server, start_detector
     from inference.detector.settings import DetectorSettings
 
     settings = DetectorSettings(models_dir=models_dir) if models_dir else DetectorSettings()

@@ -176,7 +176,7 @@ def run_grpc(args, sizes: list[int]) -> tuple[dict[str, object], list[Result]]:
     import tempfile
     import uuid
 
-    from context_engine.embedded.process import disable_grpc_fork_handlers
+    from entrypoints.embedded.process import disable_grpc_fork_handlers
 
     disable_grpc_fork_handlers()  # before gRPC initialises: this process starts a stack
     import grpc

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
-from context_engine.embedded.process import disable_grpc_fork_handlers
+from entrypoints.embedded.process import disable_grpc_fork_handlers
 
 disable_grpc_fork_handlers()  # the bench scripts are entry points: before gRPC initialises
 import grpc  # noqa: E402

@@ -30,7 +30,7 @@ import string
 import tempfile
 import time
 
-from context_engine.embedded.process import disable_grpc_fork_handlers
+from entrypoints.embedded.process import disable_grpc_fork_handlers
 
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import asyncpg
@@ -43,7 +43,7 @@ from report import load_average, machine, percentile
 from server_metrics import ServerMetrics
 from stack import Stack, _cpu_seconds, free_port, stack_pids, wait_quiet
 
-from context_engine.serving.status import error_info
+from entrypoints.serving.status import error_info
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 

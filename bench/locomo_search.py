@@ -13,7 +13,7 @@ and maps results back to dia_ids through the chunk metadata.
 
 Plain rankers, in this process, on the same documents and questions:
   BM25   rank_bm25 BM25Okapi (k1 1.5, b 0.75, its own idf with epsilon floor) over the engine's
-         analyzer `projections.retrieval.bm25.analyze` (NFKC + casefold, runs of
+         analyzer `inference.text_analysis.analyze` (NFKC + casefold, runs of
          letters/digits, the engine's English stop-word list `bm25.STOP_WORDS` removed, no stemming);
   dense  MiniLM-L6 int8 (`MiniLMEmbedder`), cosine of the question against every turn of its
          conversation;
@@ -41,7 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from context_engine.embedded.process import disable_grpc_fork_handlers
+from entrypoints.embedded.process import disable_grpc_fork_handlers
 
 disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC initialises
 import grpc  # noqa: E402
@@ -55,8 +55,8 @@ from stack import Stack, wait_for_vectors
 from tqdm import tqdm
 
 from inference.minilm_embedder import MiniLMEmbedder
+from inference.text_analysis import STOP_WORDS, analyze
 from inference.tokens import count_tokens
-from projections.retrieval.bm25 import STOP_WORDS, analyze
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
@@ -304,7 +304,7 @@ def main() -> None:
         print()
         print("\n".join(table(f"category {cat}", rows, len(selected))
                         + comparison(rows["engine Search"], {k: v for k, v in rows.items() if k != "engine Search"})))
-    print(f"\nBM25 analyzer: projections.retrieval.bm25.analyze ({len(STOP_WORDS)} stop words)")
+    print(f"\nBM25 analyzer: inference.text_analysis.analyze ({len(STOP_WORDS)} stop words)")
 
     if args.json:
         args.json.write_text(json.dumps({

@@ -37,20 +37,20 @@ from pgvector.asyncpg import register_vector
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from context_engine.embedded.process import disable_grpc_fork_handlers  # noqa: E402
+from entrypoints.embedded.process import disable_grpc_fork_handlers  # noqa: E402
 
 disable_grpc_fork_handlers()  # an entry point: before anything below loads gRPC and forks PostgreSQL
 
 from bench.locomo import load_locomo  # noqa: E402
 from bench.report import machine  # noqa: E402
 from commands.assemble_context import retrieval_depth  # noqa: E402
-from context_engine.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb  # noqa: E402
 from context_engine.scope import Scope  # noqa: E402
-from context_engine.supervisor import DATABASE_NAME  # noqa: E402
+from entrypoints.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb  # noqa: E402
+from entrypoints.supervisor import DATABASE_NAME  # noqa: E402
 from inference.embedder import build_embedder  # noqa: E402
+from inference.text_analysis import analyze  # noqa: E402
 from projections.database import set_config_sql, sql_literal  # noqa: E402
 from projections.migrate import API_GROUP_ROLE  # noqa: E402
-from projections.retrieval.bm25 import analyze  # noqa: E402
 from projections.retrieval.confidence_gate import Pool  # noqa: E402
 from projections.search import FIRST_EF_SEARCH, GENERIC_PLANS, MIN_POOL, _pass_settings, _Retriever  # noqa: E402
 

@@ -1,5 +1,5 @@
 """What the command handlers share, built once per API process (the composition root is
-context_engine.api.app)."""
+entrypoints.api.app)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""The entry point of every engine process: the `context-engine` command, `python -m context_engine`
-(how the supervisor starts the API, the worker and the detector), and nothing else."""
+"""`python -m context_engine`: the `context-engine` command (entrypoints/__main__.py). The door
+only; nothing of the kernel imports the faces."""
 
-from __future__ import annotations
-
-
-def main() -> None:
-    from context_engine.embedded.process import disable_grpc_fork_handlers
-
-    disable_grpc_fork_handlers()  # before the command line's imports load gRPC
-    from context_engine.cli import main as command_line
-
-    command_line()
-
+from entrypoints.__main__ import main
 
 if __name__ == "__main__":
     main()

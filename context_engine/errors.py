@@ -1,5 +1,5 @@
 """Domain errors. Each names a reason code; the gRPC layer maps the class to a status code
-in one place (context_engine.serving.status) and carries the reason in google.rpc.ErrorInfo.
+in one place (entrypoints.serving.status) and carries the reason in google.rpc.ErrorInfo.
 
 `unavailable_cause` is the one place an infrastructure failure (PostgreSQL or the broker gone,
 refusing connections or shutting down) becomes `Unavailable`: the API's outermost interceptor

@@ -2,7 +2,7 @@
 
 Every statement that creates or drops a database or a role, or sets a password, is written
 here, whoever sends it: `migrate` (the API's roles), replay and verify (scratch databases), the
-embedded server (`context_engine/embedded/postgres.py` sends these statements through the
+embedded server (`entrypoints/embedded/postgres.py` sends these statements through the
 bundled psql, before any event loop runs) and the tests. Identifiers are quoted by
 `quote_identifier`; a password reaches the server only as a SCRAM verifier (`scram_verifier`),
 so neither the statement nor an error echoing it carries the password.

@@ -48,16 +48,10 @@ from context_engine.metrics import RETRIEVAL_PASSES, timed
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 from inference.query_vectors import QueryVectors
+from inference.text_analysis import analyze
 from projections.database import org_transaction
 from projections.quarantined_matches import Quarantined, quarantined_matches
-from projections.retrieval.bm25 import (
-    CorpusStats,
-    analyze,
-    idf_sql,
-    minimum_should_match,
-    query_idf_mass,
-    term_score_sql,
-)
+from projections.retrieval.bm25 import CorpusStats, idf_sql, minimum_should_match, query_idf_mass, term_score_sql
 from projections.retrieval.confidence_gate import Pool, retrieve_with_gate_async
 from projections.retrieval.fusion import HYBRID, ScoredCandidate, bm25_sql, cosine_sql, recency_sql
 from projections.retrieval.outcome import RetrievalResult, classify_ranked, resolve_min_score, resolve_top_k

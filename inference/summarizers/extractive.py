@@ -27,7 +27,7 @@ from collections.abc import Hashable, Sequence
 
 from inference.facts import ORDINARY_WORDS, Fact, Originals, Statements, polar, sentence_spans
 from inference.summarizers import Summary, SummaryLine, Turn, one_line
-from projections.retrieval.bm25 import analyze
+from inference.text_analysis import analyze
 
 NEW_TERMS = 2
 REPAIR_ROUNDS = 3  # a repair keeps more sentences, which can move a name's last statement: judged again

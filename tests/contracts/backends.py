@@ -21,8 +21,8 @@ import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from context_engine.embedded.broker import EmbeddedBroker
-from context_engine.embedded.postgres import EmbeddedPostgres
+from entrypoints.embedded.broker import EmbeddedBroker
+from entrypoints.embedded.postgres import EmbeddedPostgres
 from streams.topics import LogTopics
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.infra import _FAST_PG, DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV

@@ -7,10 +7,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from context_engine.api.app import SERVICE_NAME
-from context_engine.api.context_servicer import PENDING
 from context_engine.auth import ensure_dev_key, mint_token
-from context_engine.serving.status import error_info
+from entrypoints.api.app import SERVICE_NAME
+from entrypoints.api.context_servicer import PENDING
+from entrypoints.serving.status import error_info
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 

@@ -12,7 +12,7 @@ import sys
 import grpc
 import pytest
 
-from context_engine.embedded.process import child_preexec, free_port
+from entrypoints.embedded.process import child_preexec, free_port
 from tests.fixtures.engine import Caller, unique
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc

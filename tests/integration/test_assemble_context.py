@@ -13,7 +13,7 @@ import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from context_engine.api.app import build_api_server, open_deps
+from entrypoints.api.app import build_api_server, open_deps
 from inference.tokens import count_tokens
 from streams.topics import LogTopics
 from tests.fixtures.calls import admin_fetch, expect_error

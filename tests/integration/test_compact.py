@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from context_engine.serving.status import error_info
+from entrypoints.serving.status import error_info
 from inference.facts import RETENTION_FLOOR
 from inference.openai_http import RetryPolicy
 from inference.summarizers.chat_completions import ChatCompletionsSummarizer

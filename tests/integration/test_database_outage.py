@@ -17,8 +17,8 @@ import time
 import grpc
 import pytest
 
-from context_engine.embedded.postgres import EmbeddedPostgres
-from context_engine.serving.status import error_info
+from entrypoints.embedded.postgres import EmbeddedPostgres
+from entrypoints.serving.status import error_info
 from tests.fixtures.engine import running_engine, unique
 from upsquad.context.v1 import context_pb2 as pb
 

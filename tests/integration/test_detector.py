@@ -19,8 +19,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from context_engine.config import Settings
-from context_engine.serving.status import error_info
-from inference.detector.server import build_detector_server, start_detector
+from entrypoints.detector.server import build_detector_server, start_detector
+from entrypoints.serving.status import error_info
 from inference.detector.service import DetectorServicer
 from inference.detector.settings import DEFAULT_CANARY_EXPECT, DEFAULT_CANARY_TEXT, DetectorSettings
 from tests.fixtures.detector_models import TinyModels, detector_models  # noqa: F401  (fixture)
@@ -380,7 +380,7 @@ async def test_run_detector_serves_until_sigterm(tmp_path: pathlib.Path) -> None
     import os
     import signal
 
-    from inference.detector.server import run_detector
+    from entrypoints.detector.server import run_detector
 
     seen: dict[str, int] = {}
 

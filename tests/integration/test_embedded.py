@@ -16,8 +16,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from context_engine.embedded.broker import EmbeddedBroker
-from context_engine.embedded.postgres import EmbeddedPostgres, EmbeddedProcessError
+from entrypoints.embedded.broker import EmbeddedBroker
+from entrypoints.embedded.postgres import EmbeddedPostgres, EmbeddedProcessError
 from streams.topics import TopicSetupError, ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -191,8 +191,8 @@ async def test_fault_tests_get_a_broker_of_their_own(
 
 _PARENT = """
 import pathlib, sys, time
-from context_engine.embedded.broker import EmbeddedBroker
-from context_engine.embedded.postgres import EmbeddedPostgres
+from entrypoints.embedded.broker import EmbeddedBroker
+from entrypoints.embedded.postgres import EmbeddedPostgres
 broker, pg = EmbeddedBroker(), EmbeddedPostgres(pathlib.Path(sys.argv[1]))
 broker.start(); pg.start()
 print(broker.pid, pg.pid, flush=True)

@@ -13,7 +13,7 @@ import asyncpg
 import numpy as np
 import pytest
 
-from projections.retrieval.bm25 import analyze
+from inference.text_analysis import analyze
 from tests.fixtures.engine import running_engine, unique
 from tests.integration.test_retrieval import ingest, wait_embedded
 from upsquad.context.v1 import context_pb2 as pb

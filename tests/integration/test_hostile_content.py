@@ -16,8 +16,8 @@ from aiokafka import AIOKafkaProducer
 from context_engine.events import EVENT_INGESTED, Event, session_aggregate
 from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
-from context_engine.serving.status import error_info
 from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
+from entrypoints.serving.status import error_info
 from projections import deferred_indexing
 from streams.record_auth import partition_for, signer_from_settings
 from streams.topics import LogTopics

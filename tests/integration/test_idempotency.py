@@ -19,10 +19,10 @@ import asyncpg
 import grpc
 import pytest
 
-from context_engine.api.app import build_api_server
 from context_engine.events import EVENT_INGESTED, Event, SessionRef, session_aggregate
 from context_engine.scope import Scope
-from context_engine.serving.status import error_info
+from entrypoints.api.app import build_api_server
+from entrypoints.serving.status import error_info
 from projections.projector.outcome import Outcome
 from streams.acknowledgement import ArchiveWatch, EventRejected
 from tests.fixtures.engine import unique

@@ -24,7 +24,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from context_engine.auth import ensure_dev_key, mint_token
-from context_engine.embedded.process import child_preexec, free_port
+from entrypoints.embedded.process import child_preexec, free_port
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
 from upsquad.context.v1 import context_pb2 as pb
@@ -85,7 +85,7 @@ def run_installed(python: pathlib.Path, code: str, cwd: pathlib.Path, **env: str
 
 # The layout's rule (docs/architecture.md): a service folder is the package of that name; the
 # generated protobuf code under proto/proto/ is `upsquad`. What the wheel must hold follows from it.
-SOURCE_FOLDERS = ("context_engine", "commands", "projections", "streams", "inference")
+SOURCE_FOLDERS = ("context_engine", "entrypoints", "commands", "projections", "streams", "inference")
 GENERATED = "proto/proto/"
 
 
@@ -155,8 +155,8 @@ print(count)
 def test_the_installed_wheel_imports_every_service(installed, tmp_path):
     out = run_installed(installed, """
 import pathlib
-import context_engine.__main__, context_engine.api.app, streams.app
-import inference.detector.server, context_engine.supervisor, commands.ingest_event, projections.migrate
+import context_engine.__main__, entrypoints.api.app, streams.app
+import entrypoints.detector.server, entrypoints.supervisor, commands.ingest_event, projections.migrate
 from upsquad.context.v1 import context_pb2
 print(pathlib.Path(streams.app.__file__).resolve())
 """, tmp_path)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from context_engine.config import Settings
-from inference.detector.server import build_detector_server, start_detector
+from entrypoints.detector.server import build_detector_server, start_detector
 from inference.detector.service import DetectorServicer
 from inference.detector.settings import DetectorSettings
 from inference.pii_client import MAX_TEXT_BYTES, DetectorError, PiiClient, PiiSpan

@@ -11,7 +11,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from context_engine.embedded.process import free_port
+from entrypoints.embedded.process import free_port
 from tests.fixtures.detector_stub import StubDetector
 from tests.fixtures.engine import running_engine, unique
 from tests.integration.test_retrieval import wait_embedded

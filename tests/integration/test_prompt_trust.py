@@ -12,7 +12,7 @@ import uuid
 import grpc
 import pytest
 
-from context_engine.serving.status import error_info
+from entrypoints.serving.status import error_info
 from inference.openai_http import RetryPolicy
 from inference.summarizers.chat_completions import ChatCompletionsSummarizer
 from projections.database import org_transaction

@@ -15,8 +15,8 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from context_engine.config import Settings
-from context_engine.serving.status import error_info
-from inference.detector.server import build_detector_server, start_detector
+from entrypoints.detector.server import build_detector_server, start_detector
+from entrypoints.serving.status import error_info
 from inference.detector.settings import DetectorSettings
 from inference.detector.token import service_token as detector_token
 from tests.fixtures.engine import unique

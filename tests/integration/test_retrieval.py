@@ -16,12 +16,13 @@ import pytest
 from pgvector.asyncpg import register_vector
 from prometheus_client import REGISTRY
 
-from context_engine.api.app import api_database_url
 from context_engine.scope import Scope
+from entrypoints.api.app import api_database_url
+from inference.text_analysis import analyze
 from inference.tokens import count_tokens
 from projections.database import create_pool
 from projections.migrate import APP_ROLE
-from projections.retrieval.bm25 import CorpusStats, analyze, bm25_scorer, query_idf_mass
+from projections.retrieval.bm25 import CorpusStats, bm25_scorer, query_idf_mass
 from projections.retrieval.confidence_gate import Pool
 from projections.retrieval.fusion import HYBRID, Candidate
 from projections.retrieval.outcome import classify

@@ -19,11 +19,11 @@ import asyncpg
 import grpc
 import pytest
 
-from context_engine.api.app import build_api_server, open_deps
 from context_engine.auth import mint_token
 from context_engine.events import Event, EventDecodeError, ShareCreated, decode, share_aggregate
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
+from entrypoints.api.app import build_api_server, open_deps
 from projections.records import LogRecord
 from projections.share_grants import held_sql
 from streams.replay import replay, verify

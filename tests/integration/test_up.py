@@ -28,7 +28,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from context_engine.supervisor import CHILD_RESTARTS_PER_MINUTE, DETECTOR_WITHHELD
+from entrypoints.supervisor import CHILD_RESTARTS_PER_MINUTE, DETECTOR_WITHHELD
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc

@@ -6,7 +6,7 @@ import contextlib
 import pathlib
 from collections.abc import AsyncIterator
 
-from context_engine.embedded.process import free_port
+from entrypoints.embedded.process import free_port
 from tests.fixtures.detector_stub import StubDetector
 from tests.fixtures.engine import Engine, running_engine
 

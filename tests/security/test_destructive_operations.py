@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from context_engine.scope import Scope
-from context_engine.serving.status import error_info
+from entrypoints.serving.status import error_info
 from tests.fixtures.settling import settled
 from tests.security.row_counts import unchanged
 from tests.security.world import may_rewrite, scopes

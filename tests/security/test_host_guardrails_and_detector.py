@@ -52,7 +52,7 @@ from context_engine.guardrails.signing import (
     raw_public_key,
 )
 from context_engine.scope import Scope
-from context_engine.serving.status import error_info
+from entrypoints.serving.status import error_info
 from projections.database import create_pool, org_transaction
 from projections.guardrail_projection import (
     REJECTED_BAD_SIGNATURE,

@@ -40,7 +40,10 @@ import asyncpg
 import grpc
 import pytest
 
-from context_engine.embedded.postgres import (
+from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, Event, session_aggregate
+from context_engine.hashing import sha256_hex
+from context_engine.scope import Scope
+from entrypoints.embedded.postgres import (
     HBA_CONF,
     SUPERUSER,
     EmbeddedPostgres,
@@ -48,10 +51,7 @@ from context_engine.embedded.postgres import (
     _make_traversable,
     pg_install_dir,
 )
-from context_engine.embedded.process import free_port
-from context_engine.events import EVENT_INGESTED, MEMORY_PUSHED, Event, session_aggregate
-from context_engine.hashing import sha256_hex
-from context_engine.scope import Scope
+from entrypoints.embedded.process import free_port
 from projections import db_admin, deferred_indexing, savings_projection
 from projections.chunk_projection import pending_vector_assignments
 from projections.database import create_pool, org_transaction
@@ -298,7 +298,7 @@ async def test_a_deleted_password_file_is_a_new_password(service_tmp_path: pathl
 def test_a_password_never_reaches_a_command_line(embedded_postgres: EmbeddedPostgres,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """psql is given the password in its environment: any local user reads a command line."""
-    from context_engine.embedded import postgres as module
+    from entrypoints.embedded import postgres as module
 
     seen: list[list[str]] = []
     real_run = subprocess.run

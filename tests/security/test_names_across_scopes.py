@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from context_engine.serving.status import error_info
+from entrypoints.serving.status import error_info
 from tests.fixtures.engine import unique
 from upsquad.context.v1 import context_pb2 as pb
 

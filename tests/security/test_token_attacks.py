@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from context_engine.auth import MAX_TOKEN_BYTES, TokenVerifier, ensure_dev_key
 from context_engine.config import Settings
 from context_engine.errors import Unauthenticated
-from context_engine.serving.server import MAX_METADATA_BYTES
-from context_engine.serving.status import error_info
+from entrypoints.serving.server import MAX_METADATA_BYTES
+from entrypoints.serving.status import error_info
 from tests.fixtures.settling import settled
 from tests.security.row_counts import unchanged
 from upsquad.context.v1 import context_pb2 as pb

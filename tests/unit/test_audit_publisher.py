@@ -17,10 +17,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
-from context_engine.api.app import AUDIT_HEALTH_SERVICE, report_audit_health
 from context_engine.errors import Unavailable
 from context_engine.scope import Scope
-from context_engine.serving.server import NOT_SERVING, SERVING, build_server
+from entrypoints.api.app import AUDIT_HEALTH_SERVICE, report_audit_health
+from entrypoints.serving.server import NOT_SERVING, SERVING, build_server
 from projections.records import LogRecord
 from streams.agents.audit import readable_rows
 from streams.audit import AccessAttempt, AuditPublisher, RecordedAudit, follow_health

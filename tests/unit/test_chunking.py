@@ -172,7 +172,7 @@ def test_controls_become_spaces_and_binary_content_yields_no_chunk():
 
 
 def test_a_token_without_spaces_is_capped_in_the_index():
-    from projections.retrieval.bm25 import MAX_TERM_CHARS, analyze
+    from inference.text_analysis import MAX_TERM_CHARS, analyze
 
     [term] = analyze("x" * 10_000)
     assert term == "x" * MAX_TERM_CHARS

@@ -227,7 +227,7 @@ def test_cli_imports_an_onnx_export_and_reports_status(
         detector_models: TinyModels, tmp_path: pathlib.Path) -> None:  # noqa: F811
     from typer.testing import CliRunner
 
-    from inference.detector.cli import models_app
+    from entrypoints.detector.cli import models_app
 
     export = tmp_path / "export"
     (export / "onnx").mkdir(parents=True)
@@ -313,8 +313,8 @@ def test_base_install_serves_classify_without_torch(detector_models: TinyModels)
         import sys, asyncio
         for name in ("torch", "transformers", "gliner"):
             sys.modules[name] = None
-        import inference.detector.cli, inference.detector.importer
-        import inference.detector.server
+        import entrypoints.detector.cli, inference.detector.importer
+        import entrypoints.detector.server
         from inference.detector.service import DetectorServicer
         from inference.detector.settings import DetectorSettings
         from upsquad.ml.v1 import detector_pb2
@@ -358,7 +358,7 @@ def test_without_a_set_token_the_homes_token_file_is_made_once_0600(tmp_path: pa
 @pytest.mark.parametrize("token", ["", " ", "two words", "tab\there", "naïve"])
 def test_a_set_token_that_could_not_be_sent_fails_the_start(tmp_path: pathlib.Path, token: str) -> None:
     from context_engine.config import Settings
-    from inference.detector.server import build_detector_server
+    from entrypoints.detector.server import build_detector_server
     from inference.detector.token import service_token
 
     settings = Settings(home=tmp_path, detector_service_token=token)

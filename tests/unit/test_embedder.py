@@ -182,7 +182,7 @@ def test_minilm_falls_back_to_float32_when_the_check_disagrees(minilm_float32: M
 def test_models_status_shows_the_products_the_embedder_computes_with(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from context_engine.cli import app
+    from entrypoints.cli import app
 
     runner = CliRunner()
     result = runner.invoke(app, ["models", "status", "--models-dir", str(tmp_path)])

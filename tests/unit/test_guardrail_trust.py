@@ -39,7 +39,7 @@ from context_engine.guardrails.trust import (
     public_key_fingerprint,
     trusted_fingerprints,
 )
-from context_engine.serving.status import status_code_for
+from entrypoints.serving.status import status_code_for
 from projections.guardrail_projection import REJECTED_UNTRUSTED_KEY, refuse_layers
 from projections.projector.rejections import is_infrastructure_failure
 

@@ -1,6 +1,6 @@
 """The layers' import rules, read from every module's syntax tree: the read side (projections/)
 knows neither the log (streams/), nor the protobuf (upsquad), nor the gRPC edge
-(context_engine.api), nor the commands that use it; a command knows nothing of the gRPC edge
+(entrypoints.api), nor the commands that use it; a command knows nothing of the gRPC edge
 either. And the events package is imported by its own name (its __init__ is its public surface)."""
 
 import ast
@@ -11,8 +11,8 @@ import pytest
 from tests.fixtures.imports import ROOT, imported_modules, is_within
 
 FORBIDDEN = {
-    "projections": ("streams", "upsquad", "context_engine.api", "commands"),
-    "commands": ("context_engine.api",),
+    "projections": ("streams", "upsquad", "entrypoints.api", "commands"),
+    "commands": ("entrypoints.api",),
 }
 EVENTS = "context_engine/events"
 
@@ -33,7 +33,8 @@ def test_the_events_package_is_imported_by_its_name_not_by_its_modules():
     submodules = {f"context_engine.events.{p.stem}" for p in (ROOT / EVENTS).glob("*.py") if p.stem != "__init__"}
     assert submodules
     offenders = {}
-    for folder in ("commands", "projections", "streams", "inference", "context_engine", "bench", "tests"):
+    for folder in ("commands", "projections", "streams", "inference", "context_engine", "entrypoints", "bench",
+                   "tests"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             if path.is_relative_to(ROOT / EVENTS):
                 continue
@@ -44,7 +45,7 @@ def test_the_events_package_is_imported_by_its_name_not_by_its_modules():
 
 # Every SQL statement lives in projections/ (docs/architecture.md); the acknowledgement protocol's
 # own poll is the one exception outside it.
-SQL_FREE = ("commands", "streams", "context_engine/api", "context_engine/serving")
+SQL_FREE = ("commands", "streams", "entrypoints/api", "entrypoints/serving", "entrypoints/cli")
 SQL_EXCEPTIONS = {"streams/acknowledgement.py"}
 SQL_START = re.compile(r"\(?\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", re.IGNORECASE)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from context_engine.api.context_servicer import quarantine_metadata
+from entrypoints.api.context_servicer import quarantine_metadata
 from projections.quarantined_matches import MAX_COUNTED, Quarantined
 
 LOAD_ERROR = ("DetectPII at 10.0.0.7:50052 failed with UNAVAILABLE: gliner-small-v2.1 is unavailable: weights "

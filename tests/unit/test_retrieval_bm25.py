@@ -7,8 +7,9 @@ import random
 
 import pytest
 
+from inference.text_analysis import STOP_WORDS, analyze
 from projections.retrieval import bm25
-from projections.retrieval.bm25 import CorpusStats, DocumentTerms, analyze, bm25_score, bm25_scores, term_frequencies
+from projections.retrieval.bm25 import CorpusStats, DocumentTerms, bm25_score, bm25_scores, term_frequencies
 from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
 
 TOY = ["the cat sat on the mat", "dogs chase the cat", "a bird sang"]
@@ -21,7 +22,7 @@ def test_analyzer_lowercases_tokenises_unicode_and_drops_stop_words():
     assert analyze("ＦＵＬＬ width") == ["full", "width"]  # NFKC
     assert analyze("東京タワー") == ["東", "京", "タ", "ワ", "ー"]  # one ideograph per token
     assert analyze("") == [] and analyze("the a of") == []
-    assert "not" in bm25.STOP_WORDS and "cat" not in bm25.STOP_WORDS
+    assert "not" in STOP_WORDS and "cat" not in STOP_WORDS
 
 
 def test_hand_worked_example():

@@ -3,7 +3,7 @@ passes under load do not traverse the process's long-lived objects."""
 
 import gc
 
-from context_engine.serving.server import build_server
+from entrypoints.serving.server import build_server
 
 
 async def test_starting_a_server_freezes_the_startup_objects():

@@ -1,7 +1,7 @@
 """Spawning children (the way the embedded stack does) while gRPC calls are in flight.
 
 gRPC core's fork handlers used to abort about one child in 150 here (grpc/grpc#43055); every
-entry point disables them (context_engine.embedded.process.disable_grpc_fork_handlers). The
+entry point disables them (entrypoints.embedded.process.disable_grpc_fork_handlers). The
 scenario runs in a fresh interpreter because the setting is read once, when gRPC initialises.
 """
 
@@ -14,11 +14,11 @@ _SCENARIO = """
 import signal, subprocess, sys, threading
 from concurrent import futures
 
-from context_engine.embedded.process import disable_grpc_fork_handlers
+from entrypoints.embedded.process import disable_grpc_fork_handlers
 disable_grpc_fork_handlers()  # must come first: before gRPC initialises
 import grpc
 
-from context_engine.embedded.process import child_preexec
+from entrypoints.embedded.process import child_preexec
 
 server = grpc.server(futures.ThreadPoolExecutor(4))
 port = server.add_insecure_port("127.0.0.1:0")
@@ -50,7 +50,7 @@ def test_children_spawned_during_grpc_calls_all_start() -> None:
 
 
 def test_an_explicit_fork_support_setting_is_kept() -> None:
-    probe = ("import os; from context_engine.embedded.process import disable_grpc_fork_handlers; "
+    probe = ("import os; from entrypoints.embedded.process import disable_grpc_fork_handlers; "
              "disable_grpc_fork_handlers(); print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          env={"GRPC_ENABLE_FORK_SUPPORT": "true", "PATH": "/usr/bin:/bin"},

@@ -14,9 +14,9 @@ import grpc
 import pytest
 
 from context_engine import errors
-from context_engine.embedded.process import free_port
-from context_engine.serving.interceptors import ErrorsAndAccessLog
-from context_engine.serving.status import error_info
+from entrypoints.embedded.process import free_port
+from entrypoints.serving.interceptors import ErrorsAndAccessLog
+from entrypoints.serving.status import error_info
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 

@@ -1,7 +1,7 @@
 """The API's authentication interceptor: verifies the bearer JWT, checks that `request.scope`
 equals the token's scope, and makes the Principal available to handlers through
 `current_principal()`. The interceptors both services share (errors, access log, the detector's
-service token) are in context_engine/serving/interceptors.py.
+service token) are in entrypoints/serving/interceptors.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import grpc
 from context_engine import errors
 from context_engine.auth import Principal, TokenVerifier
 from context_engine.scope import Scope
-from context_engine.serving.interceptors import (
+from entrypoints.serving.interceptors import (
     OPEN_SERVICES,
     Behavior,
     current_caller,

@@ -23,7 +23,7 @@ def command_settings(**overrides: object) -> Settings:
 def stack_settings(data_dir: pathlib.Path | None) -> Settings:
     """Settings for commands run beside a running stack: the database and broker come from the
     environment, else from the stack file `up` writes into the data directory."""
-    from context_engine.supervisor import read_stack_file
+    from entrypoints.supervisor import read_stack_file
 
     settings = command_settings(home=data_dir)
     running = read_stack_file(settings.home_dir)

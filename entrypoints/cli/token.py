@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from context_engine.cli.options import DataDir, parse_duration
-from context_engine.cli.settings import command_settings
+from entrypoints.cli.options import DataDir, parse_duration
+from entrypoints.cli.settings import command_settings
 
 token_app = typer.Typer(no_args_is_help=True, help="Development tokens.")
 

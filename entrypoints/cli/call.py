@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from context_engine.cli.options import DataDir
+from entrypoints.cli.options import DataDir
 
 
 def call(
@@ -35,9 +35,9 @@ def call(
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
     from context_engine.auth import ensure_dev_key, mint_token
-    from context_engine.cli.settings import command_settings
-    from context_engine.serving.status import error_info
-    from context_engine.supervisor import read_stack_file
+    from entrypoints.cli.settings import command_settings
+    from entrypoints.serving.status import error_info
+    from entrypoints.supervisor import read_stack_file
 
     settings = command_settings(home=data_dir)
     running = read_stack_file(settings.home_dir)

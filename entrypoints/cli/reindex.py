@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from context_engine.cli.options import DataDir, parse_duration
-from context_engine.cli.settings import admin_pool, stack_settings
 from context_engine.config import required
+from entrypoints.cli.options import DataDir, parse_duration
+from entrypoints.cli.settings import admin_pool, stack_settings
 
 
 def reindex(

@@ -11,10 +11,10 @@ from typing import Annotated, Optional
 import orjson
 import typer
 
-from context_engine.cli.options import DataDir
-from context_engine.cli.settings import admin_pool, stack_settings
 from context_engine.errors import InvalidArgument
 from context_engine.scope import Scope
+from entrypoints.cli.options import DataDir
+from entrypoints.cli.settings import admin_pool, stack_settings
 
 
 class Outcome(str, enum.Enum):

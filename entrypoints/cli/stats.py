@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from context_engine.cli.options import DataDir
-from context_engine.cli.settings import admin_pool, stack_settings
+from entrypoints.cli.options import DataDir
+from entrypoints.cli.settings import admin_pool, stack_settings
 
 stats_app = typer.Typer(no_args_is_help=True, help="What the engine measured.")
 

@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from context_engine.cli.options import DataDir, parse_duration
-from context_engine.cli.settings import admin_pool, command_settings, stack_settings
+from entrypoints.cli.options import DataDir, parse_duration
+from entrypoints.cli.settings import admin_pool, command_settings, stack_settings
 
 guardrail_app = typer.Typer(no_args_is_help=True, help="Signed guardrail layers L1-L4 (docs/guardrails.md).")
 GuardrailKeyFile = Annotated[Optional[pathlib.Path], typer.Option(

@@ -27,10 +27,10 @@ from commands.rollback_context import RollbackContext, rollback_context
 from commands.search import search
 from commands.validate_prompt import ValidatePrompt, validate_prompt
 from context_engine import validation
-from context_engine.api.interceptors import current_principal
 from context_engine.errors import Unimplemented
 from context_engine.guardrails.trust import load_trust
-from context_engine.serving.interceptors import metadata_value
+from entrypoints.api.interceptors import current_principal
+from entrypoints.serving.interceptors import metadata_value
 from projections.quarantined_matches import Quarantined
 from projections.retrieval.fusion import HYBRID
 from projections.search import SearchQuery

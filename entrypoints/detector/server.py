@@ -19,8 +19,8 @@ from collections.abc import Callable
 import structlog
 
 from context_engine.config import Settings
-from context_engine.serving.interceptors import ErrorsAndAccessLog, ServiceToken
-from context_engine.serving.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
+from entrypoints.serving.interceptors import ErrorsAndAccessLog, ServiceToken
+from entrypoints.serving.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
 from inference.detector.service import MODEL_NAMES, SERVICE_NAME, DetectorServicer
 from inference.detector.settings import DetectorSettings
 from inference.detector.token import service_token

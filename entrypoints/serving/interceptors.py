@@ -7,7 +7,7 @@
   become INTERNAL without leaking their text.
 - `ServiceToken`: the detector sidecar's optional shared secret.
 
-The API's own `Authentication` (context_engine/api/interceptors.py) records the verified caller
+The API's own `Authentication` (entrypoints/api/interceptors.py) records the verified caller
 with `set_caller`, which the access log names.
 """
 
@@ -27,7 +27,7 @@ import structlog
 from context_engine import errors
 from context_engine.auth import Principal
 from context_engine.metrics import RPC_SECONDS
-from context_engine.serving.status import status_for, to_status
+from entrypoints.serving.status import status_for, to_status
 
 log = structlog.get_logger("context_engine.access")
 

@@ -35,16 +35,16 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from context_engine.auth import ensure_dev_key, ensure_secret
-from context_engine.capabilities import degraded_capabilities
 from context_engine.config import ENV_PREFIX, Settings
-from context_engine.embedded.process import child_preexec
 from context_engine.guardrails.signing import ensure_signing_key, operator_key_path
+from entrypoints.capabilities import degraded_capabilities
+from entrypoints.embedded.process import child_preexec
 from inference.detector.token import service_token as detector_service_token
 from projections.migrate import migrate
 
 if TYPE_CHECKING:
-    from context_engine.embedded.broker import EmbeddedBroker
-    from context_engine.embedded.postgres import EmbeddedPostgres
+    from entrypoints.embedded.broker import EmbeddedBroker
+    from entrypoints.embedded.postgres import EmbeddedPostgres
 from streams import readiness
 from streams.topics import ensure_log_topics
 
@@ -148,7 +148,7 @@ class Stack:
 
         database_url = self.settings.database_url
         if database_url is None:
-            from context_engine.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb
+            from entrypoints.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb
 
             buffers = self.settings.embedded_postgres_shared_buffers_mb or default_shared_buffers_mb()
             self.postgres = EmbeddedPostgres(self.home / "postgres", self.settings.embedded_postgres_port,
@@ -164,7 +164,7 @@ class Stack:
 
         bootstrap = self.settings.kafka_bootstrap
         if bootstrap is None:
-            from context_engine.embedded.broker import EmbeddedBroker
+            from entrypoints.embedded.broker import EmbeddedBroker
 
             self.broker = EmbeddedBroker(self.settings.embedded_kafka_port, log_path=self.logs / "broker.log")
             self.broker.start()

@@ -10,8 +10,8 @@ from typing import Annotated
 import orjson
 import typer
 
-from context_engine.cli.options import DataDir
-from context_engine.cli.settings import admin_pool, stack_settings
+from entrypoints.cli.options import DataDir
+from entrypoints.cli.settings import admin_pool, stack_settings
 
 
 def history(

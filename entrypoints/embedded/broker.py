@@ -15,8 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from context_engine.embedded.postgres import EmbeddedProcessError
-from context_engine.embedded.process import child_preexec, free_port, kill_tree, log_tail
+from entrypoints.embedded.postgres import EmbeddedProcessError
+from entrypoints.embedded.process import child_preexec, free_port, kill_tree, log_tail
 
 _API_VERSIONS = 18
 # tansu also reads its options from these; a developer's shell settings must not leak in.

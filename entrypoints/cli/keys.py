@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from context_engine.cli.options import DataDir, parse_duration
-from context_engine.cli.settings import command_settings
+from entrypoints.cli.options import DataDir, parse_duration
+from entrypoints.cli.settings import command_settings
 
 keys_app = typer.Typer(no_args_is_help=True,
                        help="The keys that sign the log's records (docs/operations.md, \"Log keys\").")

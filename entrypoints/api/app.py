@@ -13,13 +13,13 @@ import structlog
 from commands.deps import Deps
 from commands.session_access import SessionOwners
 from commands.write_budget import WriteBudget
-from context_engine.api.context_servicer import ContextEngineServicer
-from context_engine.api.interceptors import Authentication
 from context_engine.auth import TokenVerifier
 from context_engine.config import Settings, required
 from context_engine.metrics import serve_metrics
-from context_engine.serving.interceptors import ErrorsAndAccessLog
-from context_engine.serving.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
+from entrypoints.api.context_servicer import ContextEngineServicer
+from entrypoints.api.interceptors import Authentication
+from entrypoints.serving.interceptors import ErrorsAndAccessLog
+from entrypoints.serving.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
 from inference.coalescing_embedder import CoalescingEmbedder
 from inference.embedder import embedder_from_settings
 from inference.query_vectors import QueryVectors

@@ -9,19 +9,19 @@ import traceback
 
 import typer
 
-from context_engine.cli.audit import audit
-from context_engine.cli.call import call
-from context_engine.cli.guardrail import guardrail_app
-from context_engine.cli.history import history
-from context_engine.cli.keys import keys_app
-from context_engine.cli.models import models_app
-from context_engine.cli.pii import pii_app
-from context_engine.cli.processes import migrate, serve_app, up, worker
-from context_engine.cli.reindex import reindex
-from context_engine.cli.replay import replay, verify
-from context_engine.cli.stats import stats_app
-from context_engine.cli.status import status
-from context_engine.cli.token import token_app
+from entrypoints.cli.audit import audit
+from entrypoints.cli.call import call
+from entrypoints.cli.guardrail import guardrail_app
+from entrypoints.cli.history import history
+from entrypoints.cli.keys import keys_app
+from entrypoints.cli.models import models_app
+from entrypoints.cli.pii import pii_app
+from entrypoints.cli.processes import migrate, serve_app, up, worker
+from entrypoints.cli.reindex import reindex
+from entrypoints.cli.replay import replay, verify
+from entrypoints.cli.stats import stats_app
+from entrypoints.cli.status import status
+from entrypoints.cli.token import token_app
 
 __all__ = ["app", "main"]
 

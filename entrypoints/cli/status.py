@@ -9,7 +9,7 @@ import importlib.metadata
 import orjson
 import typer
 
-from context_engine.cli.options import DataDir
+from entrypoints.cli.options import DataDir
 
 
 def status(
@@ -19,9 +19,9 @@ def status(
     """The running stack of the data directory: its processes' health, versions, degraded
     capabilities with the command that fixes each, and its backlog of embeddings, indexing, PII
     scans and compactions. Exit 1 if no stack runs there."""
-    from context_engine.capabilities import degraded_capabilities
-    from context_engine.cli.settings import admin_pool, command_settings, stack_settings
-    from context_engine.supervisor import command_line, is_serving, read_stack_file
+    from entrypoints.capabilities import degraded_capabilities
+    from entrypoints.cli.settings import admin_pool, command_settings, stack_settings
+    from entrypoints.supervisor import command_line, is_serving, read_stack_file
     from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
     from projections.database import SYSTEM_ORG, org_transaction
     from projections.stack_backlog import backlog

@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from context_engine.cli.settings import command_settings
 from context_engine.config import Settings
-from inference.detector.cli import ModelsDir as _ModelsDir
-from inference.detector.cli import models_app as _models_app
-from inference.detector.cli import status as _detector_models_status
+from entrypoints.cli.settings import command_settings
+from entrypoints.detector.cli import ModelsDir as _ModelsDir
+from entrypoints.detector.cli import models_app as _models_app
+from entrypoints.detector.cli import status as _detector_models_status
 
 
 def _embedder_status(settings: Settings) -> dict[str, object]:

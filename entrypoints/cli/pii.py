@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from context_engine.cli.options import DataDir, parse_duration
-from context_engine.cli.settings import admin_pool, stack_settings
+from entrypoints.cli.options import DataDir, parse_duration
+from entrypoints.cli.settings import admin_pool, stack_settings
 
 pii_app = typer.Typer(no_args_is_help=True, help="The PII redaction of pushed memory.")
 

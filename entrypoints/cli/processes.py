@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from context_engine.cli.options import DataDir
-from context_engine.cli.settings import command_settings
+from entrypoints.cli.options import DataDir
+from entrypoints.cli.settings import command_settings
 
 serve_app = typer.Typer(no_args_is_help=True, help="Run one server process (what `up` starts).")
 
@@ -28,7 +28,7 @@ def up(
         min=-1, help="Prometheus /metrics port of the API (default 9464; 0 = free port, -1 = off)")] = None,
 ) -> None:
     """Run the whole stack: PostgreSQL, broker, migrations, workers, API and detector."""
-    from context_engine.supervisor import run_stack
+    from entrypoints.supervisor import run_stack
 
     settings = command_settings(home=data_dir, api_port=api_port, detector_port=detector_port,
                                 kafka_bootstrap=kafka_bootstrap, database_url=database_url,
@@ -43,8 +43,8 @@ def serve_api(
         min=0, help="Which of the api_processes this is (its metrics port is metrics_port + index)")] = 0,
 ) -> None:
     """Serve upsquad.context.v1.ContextEngine."""
-    from context_engine.api.app import run_api
     from context_engine.logs import configure_logging
+    from entrypoints.api.app import run_api
 
     settings = command_settings(home=data_dir)
     configure_logging(settings.log_level, process=f"api-{process_index}" if settings.api_processes > 1 else "api")
@@ -55,7 +55,7 @@ def serve_api(
 def serve_detector(data_dir: DataDir = None) -> None:
     """Serve upsquad.ml.v1.MLDetectorService."""
     from context_engine.logs import configure_logging
-    from inference.detector.server import run_detector
+    from entrypoints.detector.server import run_detector
 
     settings = command_settings(home=data_dir)
     configure_logging(settings.log_level, process="detector")
@@ -82,7 +82,7 @@ def migrate(
     """Bring the database to the current schema and exit (what `up` does first), for a deployment
     that runs the API, workers and detector apart: each migration is applied once, however many
     processes migrate at the same time."""
-    from context_engine.supervisor import migrate_schema
+    from entrypoints.supervisor import migrate_schema
 
     settings = command_settings(home=data_dir, database_url=database_url)
     if not settings.database_url:

@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from context_engine.cli.options import DataDir
-from context_engine.cli.settings import stack_settings
 from context_engine.config import Settings, required
+from entrypoints.cli.options import DataDir
+from entrypoints.cli.settings import stack_settings
 
 
 def _progress(description: str):

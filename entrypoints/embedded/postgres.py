@@ -36,7 +36,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from context_engine.auth import ensure_secret
-from context_engine.embedded.process import _alive, child_preexec, free_port, kill_tree, log_tail
+from entrypoints.embedded.process import _alive, child_preexec, free_port, kill_tree, log_tail
 from projections.db_admin import create_database_sql, drop_database_sql, set_password_sql, with_database
 
 SYSTEM_USER = "embedded_postgres"
