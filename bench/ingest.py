@@ -32,7 +32,7 @@ from server_metrics import Histogram, ServerMetrics
 from stack import Stack, free_port
 
 from context_engine.auth import ensure_dev_key, mint_token
-from projections import db_admin
+from projections.store import admin
 from streams.record_auth import Keyring, RecordVerifier
 from streams.replay import read_archive, read_log, replay
 from upsquad.context.v1 import context_pb2 as pb
@@ -95,8 +95,8 @@ async def replay_rates(endpoints: dict[str, str], topic: str, home: pathlib.Path
     verifier = RecordVerifier(Keyring(home / "keys" / "log-hmac.keyring", create=False))
     for name, records in (("log", read_log(endpoints["kafka_bootstrap"], topic, verifier=verifier)),
                           ("archive", read_archive(endpoints["database_url"], topic))):
-        target = await db_admin.create_database(endpoints["database_url"],
-                                                db_admin.timestamped_name(f"bench_replay_{name}"))
+        target = await admin.create_database(endpoints["database_url"],
+                                                admin.timestamped_name(f"bench_replay_{name}"))
         report = await replay(records, target)
         rates[name] = (report.events, report.rate)
     return rates

@@ -26,8 +26,8 @@ from report import load_average, machine
 from stack import Stack, wait_quiet
 
 from context_engine.config import Settings
-from projections import db_admin
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
+from projections.store import admin
 from streams.replay import read_archive, replay
 from streams.topics import LogTopics
 
@@ -67,7 +67,7 @@ async def first(batches: AsyncIterator[list[LogRecord]], limit: int | None) -> A
 
 async def run(database_url: str, topic: str, limit: int | None) -> tuple[int, int, float]:
     """(events archived, events replayed, seconds)."""
-    target = await db_admin.create_database(database_url, db_admin.timestamped_name("bench_replay"))
+    target = await admin.create_database(database_url, admin.timestamped_name("bench_replay"))
     archived: list[int] = []
     try:
         STATEMENTS.clear()
@@ -75,7 +75,7 @@ async def run(database_url: str, topic: str, limit: int | None) -> tuple[int, in
         return archived[0], report.events, report.seconds
     finally:
         measured = dict(STATEMENTS)
-        await db_admin.drop_database(database_url, db_admin.database_of(target))
+        await admin.drop_database(database_url, admin.database_of(target))
         STATEMENTS.clear()
         STATEMENTS.update(measured)
 

@@ -49,10 +49,10 @@ from entrypoints.embedded.postgres import EmbeddedPostgres, default_shared_buffe
 from entrypoints.supervisor import DATABASE_NAME  # noqa: E402
 from inference.embedder import build_embedder  # noqa: E402
 from inference.text_analysis import analyze  # noqa: E402
-from projections.database import set_config_sql, sql_literal  # noqa: E402
-from projections.migrate import API_GROUP_ROLE  # noqa: E402
+from projections.reads.search import FIRST_EF_SEARCH, GENERIC_PLANS, MIN_POOL, _pass_settings, _Retriever  # noqa: E402
 from projections.retrieval.confidence_gate import Pool  # noqa: E402
-from projections.search import FIRST_EF_SEARCH, GENERIC_PLANS, MIN_POOL, _pass_settings, _Retriever  # noqa: E402
+from projections.store.migrations import API_GROUP_ROLE  # noqa: E402
+from projections.store.pool import set_config_sql, sql_literal  # noqa: E402
 
 ORG = "bench-search"
 CALLER = Scope(ORG, "bench", "assembly", "agent-1")  # bench/assemble.py's caller
@@ -99,7 +99,7 @@ async def measure(dsn: str, questions: list[str], budget: int, top_k: int | None
         if top_k is None:
             top_k = retrieval_depth(budget, int(tokens), int(chunks))
             print(f"depth at a {budget}-token budget: ", end="")
-        size = max(MIN_POOL, 2 * top_k)  # as projections.search.search sizes the first pass
+        size = max(MIN_POOL, 2 * top_k)  # as projections.reads.search.search sizes the first pass
         print(f"top_k {top_k}, pools of {size} per leg")
         pool = Pool(vector_k=size, bm25_k=size, ef_search=FIRST_EF_SEARCH)
         settings = {"app.org_id": ORG, **_pass_settings(FIRST_EF_SEARCH), **(GENERIC_PLANS if generic else {})}

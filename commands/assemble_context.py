@@ -1,11 +1,11 @@
 """AssembleContext: the hot path. Layers, pinned chunks, required items, retrieved chunks and
-recent history packed within the caller's token budget (projections/prompt_packing.py), with the
+recent history packed within the caller's token budget (projections/assembly/packing.py), with the
 quality attestation, savings sampling and the compaction trigger (docs/assembly.md).
 
 This module orchestrates (validate, read, retrieve, pack, attest, telemetry) and holds no SQL:
-the session's reads are `projections.session_reads.read_session`, one read-only transaction
-(app.org_id set); the corpus totals are `projections.corpus_totals`; retrieval is
-`projections.search`, the code path Search uses, so the two report the same outcome for the same
+the session's reads are `projections.reads.session_reads.read_session`, one read-only transaction
+(app.org_id set); the corpus totals are `projections.reads.corpus_totals`; retrieval is
+`projections.reads.search`, the code path Search uses, so the two report the same outcome for the same
 retrieval. The retrieval depth's constants are the retrieval recipe's (projections/retrieval/recipe.py).
 """
 
@@ -33,16 +33,17 @@ from context_engine.metrics import timed
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility, may_rewrite
 from inference import tokens
-from projections import corpus_totals, session_reads, turn_labels
-from projections.database import org_transaction
-from projections.projector.outcome import Outcome as ProjectionOutcome
-from projections.prompt_packing import Block, Packed, pack
-from projections.pull_context import await_scan
-from projections.quarantined_matches import Quarantined
-from projections.retrieval.outcome import MAX_TOP_K, Outcome
+from projections.assembly import turn_labels
+from projections.assembly.packing import Block, Packed, pack
+from projections.projector.outcome import ProjectionOutcome
+from projections.reads import corpus_totals, session_reads
+from projections.reads.pull_context import await_scan
+from projections.reads.quarantined_matches import Quarantined
+from projections.reads.search import MAX_QUERY_BYTES, ChunkHit, SearchOutcome, SearchQuery, search
+from projections.reads.session_reads import MUST_INCLUDE_HINT, PINNED_HINT, SessionReads
+from projections.retrieval.outcome import MAX_TOP_K, RetrievalOutcome
 from projections.retrieval.recipe import MIN_RETRIEVAL_DEPTH, RETRIEVAL_OVERSHOOT, TOKENS_PER_RETRIEVED_CHUNK
-from projections.search import MAX_QUERY_BYTES, ChunkHit, SearchOutcome, SearchQuery, search
-from projections.session_reads import MUST_INCLUDE_HINT, PINNED_HINT, SessionReads
+from projections.store.pool import org_transaction
 from streams.jobs import baseline_metric
 from streams.topics import LogTopics
 
@@ -73,7 +74,7 @@ class Quality:
     expansion_applied: bool
     fallback_used: bool
     fallback_reason: str
-    retrieval_outcome: Outcome
+    retrieval_outcome: RetrievalOutcome
     effective_min_score: float
     results_below_threshold: int
 
@@ -194,7 +195,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
 
 async def _read_session(deps: Deps, principal: Principal, cmd: AssembleContext, pinned_ids: list[str],
                         required_keys: list[str]) -> SessionReads:
-    """The session's reads (projections/session_reads.py) in one read-only transaction: history
+    """The session's reads (projections/reads/session_reads.py) in one read-only transaction: history
     turns only as far back as HISTORY_READ_FACTOR times the budget in stored tokens. A session
     or a pinned chunk of another scope is refused as absent, and audited."""
     scope = principal.scope
@@ -289,13 +290,13 @@ def _quality(retrieval: SearchOutcome | None, failure: str, packed: Packed, retr
     retrieved section, pinned, or as part of its turn in the history or the required items
     (prompt_packing.py shows each once)."""
     if retrieval is None:
-        return Quality(0.0, False, True, failure, Outcome.UNSPECIFIED, floor, 0)
+        return Quality(0.0, False, True, failure, RetrievalOutcome.UNSPECIFIED, floor, 0)
     r = retrieval.result
     in_prompt = {b.key for b in packed.blocks if b.kind in ("retrieved", "pinned")}
     turns = {b.source for b in packed.blocks if b.kind in ("history", "required") and b.source}
     included = [b.score for b in retrieved if b.score is not None and (b.key in in_prompt or b.source in turns)]
     confidence = sum(included) / len(included) if included else 0.0
-    if r.outcome in (Outcome.NO_RESULTS, Outcome.BELOW_THRESHOLD):
+    if r.outcome in (RetrievalOutcome.NO_RESULTS, RetrievalOutcome.BELOW_THRESHOLD):
         used, reason = True, r.outcome_name
     elif not included:
         used, reason = False, f"{r.outcome_name}: none of the {len(r.results)} retrieved chunks fit the token budget"

@@ -25,9 +25,10 @@ from context_engine.errors import Aborted, DomainError, InvalidArgument
 from context_engine.events import Event, SessionRef
 from context_engine.hashing import next_version
 from inference.compaction import STRATEGIES, plan_sliding_window
-from projections import compaction_reads, queries
-from projections.database import org_transaction
-from projections.projector.outcome import Outcome
+from projections.projector.outcome import ProjectionOutcome
+from projections.reads import compaction as compaction_reads
+from projections.reads import sessions
+from projections.store.pool import org_transaction
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,8 @@ async def compact(deps: Deps, principal: Principal, command: Compact) -> Compact
     async with visible_session(deps, principal, command.session_id, "compact",
                                require=require_rewritable) as (conn, session):
         base = session.version
-        turns = await queries.owner_turns(conn, org, command.session_id, session.scope_path)
-        session_tokens = await queries.active_tokens(conn, org, command.session_id)
+        turns = await sessions.owner_turns(conn, org, command.session_id, session.scope_path)
+        session_tokens = await sessions.active_tokens(conn, org, command.session_id)
     try:
         plan = await plan_sliding_window(deps.summarizer, command.session_id, turns,
                                          keep_recent=deps.settings.compaction_keep_recent_turns,
@@ -70,13 +71,13 @@ async def compact(deps: Deps, principal: Principal, command: Compact) -> Compact
     event = Event.of(body, scope=principal.scope, actor=principal.subject, aggregate=ref.aggregate,
                      event_id=plan.compaction_id)
     outcome = await deps.append(event, ref)
-    if outcome == Outcome.OUT_OF_SCOPE:
+    if outcome == ProjectionOutcome.OUT_OF_SCOPE:
         raise refused_write(deps, principal, command.session_id, "compact")
     if outcome is None:  # acknowledged without the projector's word: the compactions table says
         async with org_transaction(deps.pool, org, readonly=True) as conn:
             applied = await compaction_reads.compaction_applied(conn, org, event.event_id)
-        outcome = Outcome.APPLIED if applied else Outcome.STALE
-    if outcome in (Outcome.STALE, Outcome.UNKNOWN_TARGET):
+        outcome = ProjectionOutcome.APPLIED if applied else ProjectionOutcome.STALE
+    if outcome in (ProjectionOutcome.STALE, ProjectionOutcome.UNKNOWN_TARGET):
         metrics.COMPACTIONS.labels("rpc", "session_changed").inc()
         raise Aborted(f"session {command.session_id!r} changed while it was being compacted (another write or "
                       "compaction came first); nothing changed, call again to compact its new state",

@@ -1,7 +1,7 @@
 """CreateShare (clearance L3+; L4+ when the grantee is in another pillar): grants a grantee
 scope `read` and/or `use_in_assembly` on one chunk, snapshot or guardrail layer the caller sees
-by ownership (context_engine/visibility.py). The grant is a share.created event; the projector
-checks the resource again when it applies it (projections/share_grants.py).
+by ownership (context_engine/visibility.py). The grant is a share.created event; the reads
+check the resource again whenever a grant is read (projections/reads/share_grants.py).
 
 `grantee_scope_id` is the grantee's scope path ("acme/sales/apac" for a team): ids are unique
 only within their parent, so the path is what names one scope. It must be in the caller's org
@@ -20,11 +20,18 @@ from commands.deps import Deps
 from context_engine import clearance, validation
 from context_engine.auth import Principal
 from context_engine.errors import ClearanceTooLow, InvalidArgument, NotFound, PermissionDenied
-from context_engine.events import Event, ShareCreated, share_aggregate
+from context_engine.events import (
+    MAX_SHARE_REASON,
+    SHARE_PERMISSIONS,
+    SHARED_RESOURCE_TYPES,
+    Event,
+    ShareCreated,
+    share_aggregate,
+)
 from context_engine.scope import LEVELS, Scope
 from context_engine.visibility import Visibility
-from projections import share_grants
-from projections.database import org_transaction
+from projections.reads import share_grants
+from projections.store.pool import org_transaction
 
 
 @dataclass(frozen=True)
@@ -63,9 +70,9 @@ def grantee(level: str, scope_id: str, org_id: str) -> Scope:
 
 def permissions(values: tuple[str, ...]) -> tuple[str, ...]:
     if not values:
-        raise InvalidArgument("permissions", f"is required: one or more of {', '.join(share_grants.PERMISSIONS)}")
+        raise InvalidArgument("permissions", f"is required: one or more of {', '.join(SHARE_PERMISSIONS)}")
     for value in values:
-        validation.one_of(value, share_grants.PERMISSIONS, "permissions")
+        validation.one_of(value, SHARE_PERMISSIONS, "permissions")
     return tuple(sorted(set(values)))
 
 
@@ -74,11 +81,11 @@ def is_cross_pillar(grantor: Scope, grantee_scope: Scope) -> bool:
 
 
 async def create_share(deps: Deps, principal: Principal, command: CreateShare) -> Created:
-    resource_type = validation.one_of(command.resource_type, share_grants.RESOURCE_TYPES, "resource_type")
+    resource_type = validation.one_of(command.resource_type, SHARED_RESOURCE_TYPES, "resource_type")
     resource_id = validation.uuid_text(command.resource_id, "resource_id", f"{resource_type} id").lower()
     level = validation.one_of(command.grantee_scope, LEVELS, "grantee_scope")
     granted = permissions(command.permissions)
-    reason = validation.label(command.reason, "reason", share_grants.MAX_REASON)
+    reason = validation.label(command.reason, "reason", MAX_SHARE_REASON)
     org = principal.scope.org_id
     try:
         to = grantee(level, command.grantee_scope_id, org)

@@ -13,8 +13,8 @@ from context_engine.auth import Principal
 from context_engine.errors import AlreadyExists
 from context_engine.events import Event, SessionRef
 from context_engine.visibility import Visibility
-from projections import queries
-from projections.database import org_transaction
+from projections.reads import sessions
+from projections.store.pool import org_transaction
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
     org = principal.scope.org_id
     own = Visibility.of(principal.scope)  # the name is taken only by this scope's own snapshot
     async with visible_session(deps, principal, command.session_id, "create_snapshot") as (conn, _):
-        found = await queries.snapshot_by_name(conn, org, command.session_id, command.snapshot_name, own)
+        found = await sessions.snapshot_by_name(conn, org, command.session_id, command.snapshot_name, own)
         if found is not None and found.scope_path == principal.scope.path:
             raise _taken(command.session_id, command.snapshot_name)
 
@@ -53,7 +53,7 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
                      scope=principal.scope, actor=principal.subject, aggregate=session.aggregate)
     await deps.append(event, session)
     async with org_transaction(deps.pool, org) as conn:
-        snapshot = await queries.snapshot_by_id(conn, org, snapshot_id)
+        snapshot = await sessions.snapshot_by_id(conn, org, snapshot_id)
     if snapshot is None:  # a concurrent create of this name by this scope won
         raise _taken(command.session_id, command.snapshot_name)
     return SnapshotCreated(snapshot_id, snapshot["version"], snapshot["created_at"])

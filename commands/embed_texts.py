@@ -1,5 +1,5 @@
 """The Embed RPC: vectors from the running embedder, cached per caller scope by content hash and
-model (the cache's reads and writes: projections/embedding_cache.py).
+model (the cache's reads and writes: projections/store/embedding_cache.py).
 
 - Up to `MAX_TEXTS` texts; each at most the configured content limit.
 - `model_version` in the request is an assertion, never a selector: empty or exactly the
@@ -26,8 +26,8 @@ from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 from inference.embedder import Embedder
-from projections import embedding_cache
-from projections.database import org_transaction
+from projections.store import embedding_cache
+from projections.store.pool import org_transaction
 
 MAX_TEXTS = 100
 

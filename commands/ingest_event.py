@@ -26,9 +26,9 @@ from context_engine.errors import FailedPrecondition, InvalidArgument
 from context_engine.events import Event, EventIngested, SessionRef, content_b64
 from context_engine.hashing import sha256_hex
 from inference.tokens import count_tokens
-from projections import queries
-from projections.database import org_transaction
-from projections.projector.outcome import Outcome
+from projections.projector.outcome import ProjectionOutcome
+from projections.reads import sessions
+from projections.store.pool import org_transaction
 
 EVENT_TYPES = ("message", "tool_output", "workflow_event")
 IDEMPOTENCY_HEADER = "idempotency-key"
@@ -114,9 +114,9 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
 
     outcome = await deps.append(event, session, idempotency_key=command.idempotency_key
                                 or event_key(event.event_id))
-    if outcome == Outcome.OUT_OF_SCOPE:  # another scope created the session first
+    if outcome == ProjectionOutcome.OUT_OF_SCOPE:  # another scope created the session first
         raise refused_write(deps, principal, command.session_id, "write")
-    if outcome != Outcome.APPLIED or retried_id:
+    if outcome != ProjectionOutcome.APPLIED or retried_id:
         # A concurrent call won the key or the id (IDEMPOTENCY_KEY_TAKEN, DUPLICATE; an APPLIED
         # heard for a retried id may be the first record's), or the outcome must be read back.
         if (first := await _first(deps, org, command, event, body)) is not None:
@@ -133,7 +133,7 @@ async def _first(deps: Deps, org: str, command: IngestEvent, event: Event,
     that request was another one."""
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         if body.idempotency_key:
-            row = await queries.event_by_idempotency_key(conn, org, body.idempotency_key, command.session_id,
+            row = await sessions.event_by_idempotency_key(conn, org, body.idempotency_key, command.session_id,
                                                          event.scope.path)
             if row is None:
                 return None
@@ -142,7 +142,7 @@ async def _first(deps: Deps, org: str, command: IngestEvent, event: Event,
                 raise key_reused(command.idempotency_key, row.event_id)
             return Ingested(row.event_id, row.content_sha256, row.token_count)
         row = await first_with_id(conn, org, event, command.idempotency_key, command.session_id,
-                                  queries.event_by_id)  # a server key: the event id
+                                  sessions.event_by_id)  # a server key: the event id
         return None if row is None else Ingested(row.event_id, row.content_sha256, row.token_count)
 
 
@@ -151,7 +151,7 @@ async def first_with_id(conn, org: str, event: Event, key: str, session_id: str,
     id (IngestEvent's server key, every PushContext key), None if none is archived yet. Refused
     as IDEMPOTENCY_KEY_REUSED when that was another request (other bytes, or another scope's:
     never an answer to this caller), as SESSION_OUT_OF_SCOPE when it was archived, not applied."""
-    archived = await queries.archived_event(conn, org, event.event_id)
+    archived = await sessions.archived_event(conn, org, event.event_id)
     if archived is None:
         return None
     if (archived.type, archived.aggregate, archived.content_hash) != \

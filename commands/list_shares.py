@@ -10,8 +10,8 @@ from commands.deps import Deps
 from context_engine.auth import Principal
 from context_engine.errors import InvalidArgument
 from context_engine.visibility import Visibility
-from projections import share_grants
-from projections.database import org_transaction
+from projections.reads import share_grants
+from projections.store.pool import org_transaction
 
 MAX_PAGE_SIZE = 100
 

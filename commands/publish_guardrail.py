@@ -38,13 +38,13 @@ from context_engine.guardrails.signing import (
     sign_layer,
 )
 from context_engine.scope import Scope
-from projections.database import org_transaction
-from projections.guardrail_projection import APPLIED, REJECTED_UNTRUSTED_KEY, projected_layer
-from projections.guardrail_queries import (
+from projections.projector.guardrail_layers import APPLIED, REJECTED_UNTRUSTED_KEY, projected_layer
+from projections.reads.guardrail_layers import (
     GuardrailLayerRow,
     current_layer,
     current_layers,
 )
+from projections.store.pool import org_transaction
 from streams.acknowledgement import ARCHIVED_CHANNEL, parse_payload
 from streams.record_auth import RecordSigner
 

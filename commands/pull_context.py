@@ -1,6 +1,6 @@
 """PullContext: an agent's latest memory, or the memory a named snapshot holds (the caller's, or
 one shared with it for `read`: an audited read), read from
-PostgreSQL (the primary) once the session's writes are visible (projections/pull_context.py).
+PostgreSQL (the primary) once the session's writes are visible (projections/reads/pull_context.py).
 
 Pushed memory is returned only after its PII scan (docs/pii.md): a version still 'pending' is
 waited for (bounded by `pii_scan_wait_seconds`, then UNAVAILABLE), so raw content never leaves
@@ -19,9 +19,9 @@ from context_engine.auth import Principal
 from context_engine.errors import InvalidArgument, NotFound
 from context_engine.events import SessionRef
 from context_engine.visibility import Visibility
-from projections import queries
-from projections.database import org_transaction
-from projections.pull_context import Pulled, await_scan, read_memory
+from projections.reads import sessions
+from projections.reads.pull_context import Pulled, await_scan, read_memory
+from projections.store.pool import org_transaction
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ async def pull_context(deps: Deps, principal: Principal, query: PullContext) -> 
     except NotFound as exc:
         if exc.reason == "SNAPSHOT_NOT_FOUND":  # another scope's snapshot of the name is a cross-scope attempt
             async with org_transaction(deps.pool, org, readonly=True) as conn:
-                named = await queries.snapshot_ids_named(conn, org, query.session_id, query.snapshot_name)
+                named = await sessions.snapshot_ids_named(conn, org, query.session_id, query.snapshot_name)
             await access_audit.denied_resources(deps, principal, "snapshot", named, "read")
         raise
     if pulled.share_id:

@@ -22,9 +22,9 @@ from context_engine.auth import Principal
 from context_engine.events import Event, MemoryPushed, SessionRef, content_b64
 from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
-from projections import queries
-from projections.database import org_transaction
-from projections.projector.outcome import Outcome
+from projections.projector.outcome import ProjectionOutcome
+from projections.reads import sessions
+from projections.store.pool import org_transaction
 
 MEMORY_TYPES = ("episodic", "semantic", "working")
 # The event ids of pushes with a caller's key: uuid5 in this namespace of the writer's scope path,
@@ -78,9 +78,10 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
 
     outcome = await deps.append(event, session,
                                 idempotency_key=command.idempotency_key or event_key(event.event_id))
-    if outcome == Outcome.OUT_OF_SCOPE:
+    if outcome == ProjectionOutcome.OUT_OF_SCOPE:
         raise refused_write(deps, principal, command.session_id, "write")
-    if outcome != Outcome.APPLIED or retried_id:  # DUPLICATE, or heard the first record's APPLIED, or read back
+    # DUPLICATE, or heard the first record's APPLIED, or read back
+    if outcome != ProjectionOutcome.APPLIED or retried_id:
         if (first := await _first(deps, org, command, event)) is not None:
             return first
         if retried_id:  # archived, but not in this org: the id is another's
@@ -94,5 +95,5 @@ async def _first(deps: Deps, org: str, command: PushContext, event: Event) -> Pu
     was another request (other content, memory_type, metadata, agent or session)."""
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         row = await first_with_id(conn, org, event, command.idempotency_key, command.session_id,
-                                  queries.memory_by_event_id)
+                                  sessions.memory_by_event_id)
     return None if row is None else Pushed(row.content_sha256, row.created_at)

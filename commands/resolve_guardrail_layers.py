@@ -1,13 +1,13 @@
 """ResolveGuardrailLayers: the caller's current L1-L4 (its chain: platform, org, team, agent),
-each signed by a key trusted now (projections/guardrail_queries.py)."""
+each signed by a key trusted now (projections/reads/guardrail_layers.py)."""
 
 from __future__ import annotations
 
 from commands.deps import Deps
 from context_engine.auth import Principal
 from context_engine.guardrails.trust import trusted_fingerprints
-from projections.database import org_transaction
-from projections.guardrail_queries import GuardrailLayerRow, current_layers
+from projections.reads.guardrail_layers import GuardrailLayerRow, current_layers
+from projections.store.pool import org_transaction
 
 
 async def resolve_guardrail_layers(deps: Deps, principal: Principal) -> list[GuardrailLayerRow]:

@@ -15,11 +15,11 @@ from commands.deps import Deps
 from context_engine import clearance, validation
 from context_engine.auth import Principal
 from context_engine.errors import ClearanceTooLow, NotFound, PermissionDenied
-from context_engine.events import Event, ShareRevoked, share_aggregate
+from context_engine.events import MAX_SHARE_REASON, Event, ShareRevoked, share_aggregate
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
-from projections import share_grants
-from projections.database import org_transaction
+from projections.reads import share_grants
+from projections.store.pool import org_transaction
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def may_revoke(grant: share_grants.Grant, principal: Principal) -> bool:
 
 async def revoke_share(deps: Deps, principal: Principal, command: RevokeShare) -> Revoked:
     share_id = validation.uuid_text(command.share_id, "share_id", "share id").lower()
-    reason = validation.label(command.reason, "reason", share_grants.MAX_REASON)
+    reason = validation.label(command.reason, "reason", MAX_SHARE_REASON)
     org = principal.scope.org_id
     viewer = Visibility.of(principal.scope)
     async with org_transaction(deps.pool, org, readonly=True) as conn:

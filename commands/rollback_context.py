@@ -13,8 +13,8 @@ from context_engine import clearance, validation
 from context_engine.auth import Principal
 from context_engine.errors import NotFound
 from context_engine.events import Event, SessionRef, SessionRolledBack
-from projections import queries
-from projections.projector.outcome import Outcome
+from projections.projector.outcome import ProjectionOutcome
+from projections.reads import sessions
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     org = principal.scope.org_id
     async with visible_session(deps, principal, command.session_id, "rollback",
                                require=require_rewritable) as (conn, _):
-        if await queries.session_has_version(conn, org, command.session_id,
+        if await sessions.session_has_version(conn, org, command.session_id,
                                              command.target_version_hash) is None:
             raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
                            reason="VERSION_NOT_FOUND", metadata={"field": "target_version_hash"})
@@ -45,9 +45,9 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     event = Event.of(SessionRolledBack(command.session_id, command.target_version_hash),
                      scope=principal.scope, actor=principal.subject, aggregate=session.aggregate)
     outcome = await deps.append(event, session)
-    if outcome == Outcome.OUT_OF_SCOPE:  # the projector applies the same rule
+    if outcome == ProjectionOutcome.OUT_OF_SCOPE:  # the projector applies the same rule
         raise refused_write(deps, principal, command.session_id, "rollback")
-    if outcome == Outcome.UNKNOWN_TARGET:
+    if outcome == ProjectionOutcome.UNKNOWN_TARGET:
         raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
                        reason="VERSION_NOT_FOUND", metadata={"field": "target_version_hash"})
     return RolledBack(command.target_version_hash, event.occurred)

@@ -1,4 +1,4 @@
-"""Search: hybrid retrieval over the caller's visible corpus (projections/search.py) and the
+"""Search: hybrid retrieval over the caller's visible corpus (projections/reads/search.py) and the
 chunks shared with it for `read`, with the caller's tenant floor when the request sends none.
 Each result that came through a grant is an audited read (commands/access_audit.py)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from commands import access_audit
 from commands.deps import Deps
 from context_engine.auth import Principal
-from projections.search import SearchOutcome, SearchQuery
-from projections.search import search as hybrid_search
+from projections.reads.search import SearchOutcome, SearchQuery
+from projections.reads.search import search as hybrid_search
 
 
 async def search(deps: Deps, principal: Principal, query: SearchQuery) -> SearchOutcome:

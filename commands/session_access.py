@@ -14,8 +14,8 @@ from context_engine.errors import NotFound, PermissionDenied
 from context_engine.events import SessionRef
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility, may_rewrite
-from projections import queries
-from projections.database import org_transaction
+from projections.reads import sessions
+from projections.store.pool import org_transaction
 
 
 def owner_scope(session) -> Scope:
@@ -72,7 +72,7 @@ async def visible_session(deps, principal, session_id: str, operation: str, *, r
     org = principal.scope.org_id
     await deps.freshness.wait(SessionRef(org, session_id))
     async with org_transaction(deps.pool, org, readonly=True) as conn:
-        session = await queries.get_session(conn, org, session_id)
+        session = await sessions.get_session(conn, org, session_id)
         try:
             checked = require(session, principal.scope, session_id)
         except (NotFound, PermissionDenied) as exc:
@@ -98,7 +98,7 @@ class SessionOwners:
             self._known.move_to_end(key)
             return scope
         async with org_transaction(self._pool, org_id, readonly=True) as conn:
-            session = await queries.get_session(conn, org_id, session_id)
+            session = await sessions.get_session(conn, org_id, session_id)
         if session is None:  # not created yet: the projector settles who creates it
             return None
         scope = self._known[key] = owner_scope(session)

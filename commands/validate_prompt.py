@@ -1,7 +1,7 @@
 """ValidatePrompt: does a prompt carry the caller's guardrail layers, unaltered and in order, and
 no injection pattern? The layers are those the listed hashes name within the caller's chain,
-signed by a key trusted now (projections/guardrail_queries.py); the check itself is pure
-(projections/prompt_validation.py)."""
+signed by a key trusted now (projections/reads/guardrail_layers.py); the check itself is pure
+(projections/assembly/validation.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from commands.deps import Deps
 from context_engine.auth import Principal
 from context_engine.errors import InvalidArgument
 from context_engine.guardrails.trust import trusted_fingerprints
-from projections import prompt_validation
-from projections.database import org_transaction
-from projections.guardrail_queries import layers_by_hash
+from projections.assembly import validation as prompt_validation
+from projections.reads.guardrail_layers import layers_by_hash
+from projections.store.pool import org_transaction
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ PROJECTOR_BATCH_EVENTS = Histogram(
 
 GUARDRAIL_LAYERS_REFUSED = Counter(
     "context_engine_guardrail_layers_refused",
-    "guardrail.published events the projector refused, writing nothing (projections/guardrail_projection.py), "
+    "guardrail.published events the projector refused, writing nothing (projections/projector/guardrail_layers.py), "
     "by outcome (REJECTED_UNTRUSTED_KEY, REJECTED_BAD_SIGNATURE, REJECTED_STALE, ...); a redelivery counts again.",
     ["outcome"])
 

@@ -49,7 +49,7 @@ MAX_IDEMPOTENCY_KEY = 128
 MAX_METADATA_ENTRIES = 64
 MAX_METADATA_KEY = 128
 MAX_METADATA_VALUE = 4096
-DOMAIN_KEY = "domain"  # metadata["domain"]: the chunks' retrieval domain (projections/chunk_projection.py)
+DOMAIN_KEY = "domain"  # metadata["domain"]: the chunks' retrieval domain (projections/projector/chunks.py)
 
 # \A and \Z: safe with .match as well as .fullmatch (scope.ID_PATTERN re-exports it).
 ID_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")

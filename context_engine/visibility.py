@@ -10,7 +10,7 @@ A live share grant widens that view by one resource (a chunk, a snapshot or a gu
 for its grantee scope and every scope below it: a grant to a team holds for its agents. What
 the grant lets the grantee do is its permissions: `read` (Search, PullContext of a snapshot)
 and `use_in_assembly` (AssembleContext), each on its own. A grantor shares only what it sees by
-ownership; what a scope sees through a grant it cannot grant on (projections/share_grants.py).
+ownership; what a scope sees through a grant it cannot grant on (projections/reads/share_grants.py).
 
 Reads pass `Visibility.paths` to SQL as `scope_path = ANY($n::text[])`: an equality against a
 handful of paths keeps the (org_id, scope_path, ...) indexes in use. Rows already read are

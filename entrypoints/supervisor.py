@@ -40,7 +40,7 @@ from context_engine.guardrails.signing import ensure_signing_key, operator_key_p
 from entrypoints.capabilities import degraded_capabilities
 from entrypoints.embedded.process import child_preexec
 from inference.detector.token import service_token as detector_service_token
-from projections.migrate import migrate
+from projections.store.migrations import migrate
 
 if TYPE_CHECKING:
     from entrypoints.embedded.broker import EmbeddedBroker
@@ -301,7 +301,7 @@ class Stack:
 def migrate_schema(settings: Settings, database_url: str) -> list[str]:
     """Bring the database of `database_url` (an admin URL) to the current schema; the versions
     applied now. Each migration runs once whatever else migrates at the same time (an advisory
-    lock, projections/migrate.py). The API's role gets its own password (the API reads the same
+    lock, projections/store/migrations.py). The API's role gets its own password (the API reads the same
     file), unless the operator gave the API's URL: then that role and its password are theirs."""
     app_password = None if settings.api_database_url else ensure_secret(settings.app_password_path)
     return asyncio.run(migrate(database_url, app_password=app_password))

@@ -27,7 +27,7 @@ TOKEN_MODEL = "gpt-4"  # turns are counted in cl100k at ingest; the summary is c
 
 
 class OwnerTurn(Protocol):
-    """An active turn written at the session's owner scope (projections.queries.OwnerTurn)."""
+    """An active turn written at the session's owner scope (projections.reads.sessions.OwnerTurn)."""
 
     @property
     def event_id(self) -> str: ...

@@ -36,7 +36,7 @@ from context_engine.events import (
     Event,
     SessionRef,
 )
-from projections.projector.outcome import Applied, Outcome
+from projections.projector.outcome import Applied, ProjectionOutcome
 from streams.freshness import SessionFreshness
 from streams.log import EventLog, LogPosition
 
@@ -215,6 +215,6 @@ async def append_and_wait(log: EventLog, watch: ArchiveWatch, freshness: Session
             watch.forget(event.event_id)
             raise
         outcome = await watch.wait(event.event_id, event.scope.org_id, position, timeout=timeout, retry=advice)
-    if outcome == Outcome.REJECTED:
+    if outcome == ProjectionOutcome.REJECTED:
         raise EventRejected(event.event_id)
     return outcome

@@ -6,7 +6,7 @@ order, one family of agents at a time (streams/agents/):
 - `session-projector` — the archiver and the read models in one transaction per batch, then the
   jobs the batch asked for (streams/agents/projector.py);
 - `chunk-indexer` — the chunks of contents over 8 KiB, after the projector's commit
-  (streams/agents/indexing.py, projections/deferred_indexing.py);
+  (streams/agents/indexing.py, projections/projector/deferred_indexing.py);
 - `embedding-pipeline` — EmbeddingJobs -> `embedding.recorded` events, and `reindex-worker` —
   ReindexJobs: re-embed a scope with the running model (streams/agents/embedding.py);
 - `baseline-calculator` — BaselineMetricEvents -> savings per org and model (streams/agents/savings.py);

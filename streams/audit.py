@@ -5,7 +5,7 @@ cross-scope attempt calls `AuditTrail.record(AccessAttempt(...))`. In the API th
 `AuditPublisher`: `record` only appends to a bounded queue in memory, and a background task
 publishes batches on the audit:access stream as `StreamEnvelope(AuditAccessEvent)`s keyed by org
 (streams/jobs.py `audit_access`), which the worker's audit-writer stores
-(streams/agents/audit.py, projections/audit_log.py). So the hot path never waits for the log.
+(streams/agents/audit.py, projections/projector/audit_rows.py). So the hot path never waits for the log.
 
 When the log does not take them, the failed events are retried with backoff while new ones queue;
 a full queue drops the newest, counted (`context_engine_audit_events_total{result}`). `health()`

@@ -41,9 +41,10 @@ from context_engine.events import CompactionRefused, Event, SessionRef
 from context_engine.scope import Scope
 from inference.compaction import STRATEGIES, plan_sliding_window
 from inference.summarizers import Summarizer
-from projections import compaction_reads, queries
-from projections.compaction_reads import WORKER_ACTOR
-from projections.database import SYSTEM_ORG, org_transaction
+from projections.reads import compaction as compaction_reads
+from projections.reads import sessions as queries
+from projections.reads.compaction import WORKER_ACTOR
+from projections.store.pool import SYSTEM_ORG, org_transaction
 
 log = structlog.get_logger("context_engine.compaction")
 

@@ -30,9 +30,9 @@ from context_engine.events import EmbeddingRecorded, Event, embedding_aggregate
 from context_engine.metrics import EMBEDDED_TEXTS, EMBEDDING_BATCH_SECONDS
 from context_engine.scope import Scope
 from inference.embedder import Embedder
-from projections import embedding_backlog
-from projections.chunk_projection import vector_to_b64
-from projections.database import SYSTEM_ORG, org_transaction
+from projections.projector.chunks import vector_to_b64
+from projections.reads import embedding_backlog
+from projections.store.pool import SYSTEM_ORG, org_transaction
 
 log = structlog.get_logger("context_engine.embedding")
 

@@ -19,9 +19,9 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from context_engine.scope import Scope
-from projections.audit_log import AuditRow
+from projections.projector.audit_rows import AuditRow
 from projections.projector.job_requests import CompactSession, EmbedChunks, IndexSource, JobRequest, ScanMemory
-from projections.savings_projection import Sample
+from projections.projector.savings import Sample
 from streams.record_auth import RecordSigner
 from upsquad.context.v1 import context_pb2, stream_pb2
 
@@ -102,7 +102,7 @@ def open_pii_scan_job(raw: bytes) -> tuple[stream_pb2.StreamEnvelope, str]:
     return env, str(orjson.loads(env.payload)["memory_event_id"])
 
 
-# Neither has the indexing of a long content (projections/deferred_indexing.py): JSON {"source_event_id"}.
+# Neither has the indexing of a long content (projections/projector/deferred_indexing.py): JSON {"source_event_id"}.
 def indexing_job(scope: Scope, source_event_id: str) -> JobMessage:
     return envelope("indexing", scope, orjson.dumps({"source_event_id": source_event_id}))
 

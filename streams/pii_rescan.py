@@ -17,8 +17,8 @@ from typing import Any
 import asyncpg
 
 from context_engine.scope import Scope
-from projections import pii_scan_state
-from projections.database import SYSTEM_ORG, org_transaction
+from projections.reads import pii_scan_state
+from projections.store.pool import SYSTEM_ORG, org_transaction
 from streams.jobs import pii_scan_job, publish
 from streams.record_auth import RecordSigner
 from streams.topics import LogTopics

@@ -27,8 +27,9 @@ import structlog
 from context_engine.events import Event, MemoryPushed, MemoryScrubbed, content_b64, decode
 from inference import pii_scrub
 from inference.pii_client import PiiClient
-from projections import archive_reads, pii_scan_state
-from projections.database import SYSTEM_ORG, org_transaction
+from projections.reads import archive as archive_reads
+from projections.reads import pii_scan_state
+from projections.store.pool import SYSTEM_ORG, org_transaction
 
 log = structlog.get_logger("context_engine.pii")
 

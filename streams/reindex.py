@@ -16,8 +16,8 @@ from typing import Any
 import asyncpg
 
 from context_engine.scope import Scope
-from projections.database import org_transaction
-from projections.embedding_backlog import model_coverage_in_scope
+from projections.reads.embedding_backlog import model_coverage_in_scope
+from projections.store.pool import org_transaction
 from streams.jobs import publish, reindex_job
 from streams.record_auth import RecordSigner
 from streams.topics import LogTopics

@@ -6,7 +6,7 @@ live projector uses, in large batches, into a database that holds no events yet.
 writer of an empty database, it loads in bulk: postings by COPY, the HNSW and posting indexes
 built once at the end, recorded vectors given to their chunks in one pass at the end, and the
 retrieval statistics recounted at the end instead of kept by deltas per batch (both give the same
-rows as the live path, projections/chunk_projection.py). `verify`
+rows as the live path, projections/projector/chunks.py). `verify`
 replays into a scratch database and compares every version hash, item and snapshot with the live
 read models, naming the event behind each difference.
 
@@ -36,15 +36,18 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from context_engine.events import GUARDRAIL_PUBLISHED
 from context_engine.hashing import sha256_hex
-from projections import archive_reads, bulk_load, db_admin, verification
-from projections.chunk_projection import BulkLoad
-from projections.database import SYSTEM_ORG, create_pool
-from projections.deferred_indexing import requested_sources
-from projections.guardrail_projection import refused_on_the_log
-from projections.migrate import migrate
+from projections.projector import bulk_load
 from projections.projector.batch import apply_batch
+from projections.projector.chunks import BulkLoad
+from projections.projector.deferred_indexing import requested_sources
+from projections.projector.guardrail_layers import refused_on_the_log
+from projections.projector.records import LogRecord
 from projections.projector.rejections import claimed_identity
-from projections.records import LogRecord
+from projections.reads import archive as archive_reads
+from projections.reads import verification
+from projections.store import admin
+from projections.store.migrations import migrate
+from projections.store.pool import SYSTEM_ORG, create_pool
 from streams.record_auth import RecordVerifier
 
 BATCH = 2000
@@ -236,12 +239,12 @@ async def verify(records: AsyncIterator[list[LogRecord]], admin_url: str, *,
     the archive and the set-aside records, so that an event the read models never received is
     named too."""
     differences = await compare_log(*log, admin_url) if log is not None else []
-    scratch = await db_admin.create_database(admin_url, db_admin.timestamped_name("context_engine_verify"))
+    scratch = await admin.create_database(admin_url, admin.timestamped_name("context_engine_verify"))
     try:
         report = await replay(records, scratch, progress=progress)
         return report, differences + await compare(admin_url, scratch)
     finally:
-        await db_admin.drop_database(admin_url, db_admin.database_of(scratch))
+        await admin.drop_database(admin_url, admin.database_of(scratch))
 
 
 # An event can be on the log and not yet projected while the stack runs: a record missing from

@@ -26,8 +26,8 @@ import asyncpg
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from projections.archive_reads import archived_counts_by_partition, archived_partition
-from projections.database import advisory_lock
+from projections.reads.archive import archived_counts_by_partition, archived_partition
+from projections.store.pool import advisory_lock
 from streams.log import producer_request_bytes
 from streams.record_auth import RecordSigner
 from streams.topics import TOPIC_MAX_MESSAGE_BYTES

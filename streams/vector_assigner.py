@@ -25,8 +25,8 @@ import asyncpg
 import structlog
 
 from context_engine.metrics import VECTOR_ASSIGNMENT_SECONDS, VECTOR_ASSIGNMENTS_WAITING
-from projections.chunk_projection import assign_vectors_recorded_by, pending_vector_assignments
-from projections.database import SYSTEM_ORG, org_transaction
+from projections.projector.chunks import assign_vectors_recorded_by, pending_vector_assignments
+from projections.store.pool import SYSTEM_ORG, org_transaction
 
 log = structlog.get_logger("context_engine.vectors")
 

@@ -26,7 +26,7 @@ from .session import (
                        SessionRolledBack,
                        SnapshotCreated,
 )
-from .share import ShareCreated, ShareRevoked
+from .share import MAX_SHARE_REASON, SHARE_PERMISSIONS, SHARED_RESOURCE_TYPES, ShareCreated, ShareRevoked
 
 EVENT_INGESTED = EventIngested.TYPE
 MEMORY_PUSHED = MemoryPushed.TYPE
@@ -49,7 +49,8 @@ __all__ = [
     "UPCASTERS", "CompactionRefused", "CompactionThreshold", "EmbeddingRecorded", "Event", "EventBody",
     "EventDecodeError",
     "EventIngested", "GuardrailPublished", "MemoryPushed", "MemoryScrubbed", "Payload", "SessionRef",
-    "SHARE_CREATED", "SHARE_REVOKED", "SessionCompacted", "SessionRolledBack", "ShareCreated", "ShareRevoked",
+    "MAX_SHARE_REASON", "SHARED_RESOURCE_TYPES", "SHARE_CREATED", "SHARE_PERMISSIONS", "SHARE_REVOKED",
+    "SessionCompacted", "SessionRolledBack", "ShareCreated", "ShareRevoked",
     "SnapshotCreated",
     "Upcaster", "canonical_bytes", "carried_content", "content_b64", "decode",
     "embedding_aggregate",

@@ -1,5 +1,6 @@
 """share.created and share.revoked: a grant of one resource to a grantee scope, and its end
-(commands/create_share.py, commands/revoke_share.py; projections/share_grants.py projects them).
+(commands/create_share.py, commands/revoke_share.py; projections/projector/appliers/share.py
+projects them, projections/reads/share_grants.py reads the grants).
 
 The grantor is the event's scope and the creator its actor; a grant is created at the event's
 `occurred_at` and revoked at the revocation's."""
@@ -9,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .registry import EventBody, Payload, event_type
+
+SHARED_RESOURCE_TYPES = ("chunk", "snapshot", "layer")
+SHARE_PERMISSIONS = ("read", "use_in_assembly")
+MAX_SHARE_REASON = 1024  # characters of a grant's or a revocation's audit annotation
 
 
 @event_type

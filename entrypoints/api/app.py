@@ -24,8 +24,8 @@ from inference.coalescing_embedder import CoalescingEmbedder
 from inference.embedder import embedder_from_settings
 from inference.query_vectors import QueryVectors
 from inference.summarizers import summarizer_from_settings
-from projections.database import create_pool
-from projections.migrate import APP_ROLE, app_url
+from projections.store.migrations import APP_ROLE, app_url
+from projections.store.pool import create_pool
 from streams import readiness
 from streams.acknowledgement import ArchiveWatch
 from streams.audit import AuditHealth, AuditPublisher, follow_health

@@ -31,9 +31,9 @@ from context_engine.errors import Unimplemented
 from context_engine.guardrails.trust import load_trust
 from entrypoints.api.interceptors import current_principal
 from entrypoints.serving.interceptors import metadata_value
-from projections.quarantined_matches import Quarantined
+from projections.reads.quarantined_matches import Quarantined
+from projections.reads.search import SearchQuery
 from projections.retrieval.fusion import HYBRID
-from projections.search import SearchQuery
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
@@ -206,7 +206,7 @@ def search_result_metadata(scored, expansion_applied: bool, share_id: str = "") 
 
 def quarantine_metadata(quarantined: Quarantined) -> tuple[tuple[str, str], ...]:
     """Trailing metadata: how many items matching the query are held back by the PII scan, and
-    why (projections/quarantined_matches.py). Printable ASCII, as a text metadata value must be
+    why (projections/reads/quarantined_matches.py). Printable ASCII, as a text metadata value must be
     (any other byte would fail the whole call)."""
     pairs = [("engine.quarantined_matches", str(quarantined.items))]
     if quarantined.items:

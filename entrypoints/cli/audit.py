@@ -1,4 +1,4 @@
-"""`audit`: the audit trail of cross-scope access (projections/audit_log.py), one org at a time."""
+"""`audit`: the audit trail of cross-scope access (projections/projector/audit_rows.py), one org at a time."""
 
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def audit(
 
     Reads and assemblies through share grants, shares created and revoked, and refused
     cross-scope attempts (AuditAccessEvent), newest first."""
-    from projections.audit_log import audit_rows
-    from projections.database import org_transaction
+    from projections.reads.audit import audit_rows
+    from projections.store.pool import org_transaction
 
     who = _actor(actor, org)
     start, end = _moment(since, "--since"), _moment(until, "--until")

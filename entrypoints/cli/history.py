@@ -1,4 +1,4 @@
-"""`history`: a session's versions in chain order (projections/session_history.py), so a
+"""`history`: a session's versions in chain order (projections/reads/session_history.py), so a
 RollbackContext target can be found."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def history(
     """A session's versions, oldest first: each item (turn, memory, compaction summary) with the
     version it made, whether it is in the current state, and the rollback or compaction that took
     it out. Any listed version is a RollbackContext target_version_hash; `*` marks the current one."""
-    from projections.database import org_transaction
-    from projections.session_history import session_history
+    from projections.reads.session_history import session_history
+    from projections.store.pool import org_transaction
 
     settings = stack_settings(data_dir)
 

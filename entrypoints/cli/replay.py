@@ -51,15 +51,15 @@ def replay(
 ) -> None:
     """Rebuild every read model from the log into an empty database, and the audit trail from
     its stream."""
-    from projections import db_admin
+    from projections.store import admin
     from streams.replay import replay as run_replay
 
     settings = stack_settings(data_dir)
     refused: list = []
 
     async def go():
-        target = into or await db_admin.create_database(
-            settings.database_url, db_admin.timestamped_name("context_engine_replay"))
+        target = into or await admin.create_database(
+            settings.database_url, admin.timestamped_name("context_engine_replay"))
         bar, set_total = _progress("replay")
         with bar:
             report = await run_replay(_records(settings, source_name, set_total, refused.append), target,
@@ -76,7 +76,7 @@ def replay(
 
 async def _audit_rows(settings: Settings, target: str) -> int:
     """The audit:access stream into `target`, as the audit writer stores it."""
-    from projections.database import create_pool
+    from projections.store.pool import create_pool
     from streams.agents.audit import write_from_log
     from streams.kafka_security import client_security
     from streams.record_auth import verifier_from_settings

@@ -40,7 +40,7 @@ def stack_settings(data_dir: pathlib.Path | None) -> Settings:
 async def admin_pool(settings: Settings):
     """One admin connection for a command run beside the stack (RLS still applies: every query
     sets app.org_id)."""
-    from projections.database import create_pool
+    from projections.store.pool import create_pool
 
     pool = await create_pool(required(settings.database_url, "database_url"), org_scoped=False, min_size=1,
                              max_size=1)

@@ -20,7 +20,7 @@ def stats_savings(
 ) -> None:
     """Token savings of AssembleContext against the naive prompt, per org and model, from the
     sampled calls (BaselineMetricEvent)."""
-    from projections.savings_projection import savings
+    from projections.projector.savings import savings
 
     settings = stack_settings(data_dir)
 
@@ -47,7 +47,7 @@ def stats_compaction(
     how they closed, and the compactions applied (by the worker or the Compact RPC), their tokens
     before and after and their fact_retention_score. Refusals (the quality gate, too few turns) are
     counted by the worker's context_engine_compactions metric; their requests stay open."""
-    from projections.compaction_reads import compaction_stats
+    from projections.reads.compaction import compaction_stats
 
     settings = stack_settings(data_dir)
 

@@ -23,8 +23,8 @@ def status(
     from entrypoints.cli.settings import admin_pool, command_settings, stack_settings
     from entrypoints.supervisor import command_line, is_serving, read_stack_file
     from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
-    from projections.database import SYSTEM_ORG, org_transaction
-    from projections.stack_backlog import backlog
+    from projections.reads.stack_backlog import backlog
+    from projections.store.pool import SYSTEM_ORG, org_transaction
     from streams import readiness
 
     settings = command_settings(home=data_dir)

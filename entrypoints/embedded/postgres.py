@@ -37,7 +37,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from context_engine.auth import ensure_secret
 from entrypoints.embedded.process import _alive, child_preexec, free_port, kill_tree, log_tail
-from projections.db_admin import create_database_sql, drop_database_sql, set_password_sql, with_database
+from projections.store.admin import create_database_sql, drop_database_sql, set_password_sql, with_database
 
 SYSTEM_USER = "embedded_postgres"
 SUPERUSER = "postgres"

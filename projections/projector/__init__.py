@@ -5,7 +5,7 @@ bulk replay (batches read back from the archive or the log): the chain is a pure
 order, so both paths produce the same rows and the same version hashes. The payloads are the
 event classes (context_engine/events/).
 
-Every record gets an `Applied` with its `Outcome` (outcome.py); the work it asks for (embedding,
+Every record gets an `Applied` with its `ProjectionOutcome` (outcome.py); the work it asks for (embedding,
 PII scan, compaction, indexing) comes back as plain requests (`Applied.jobs`, job_requests.py),
 which the worker turns into job envelopes (`job_message`) and publishes after the commit. Event
 types without an applier are archived and IGNORED (their own projectors handle them); a type
@@ -20,5 +20,5 @@ The parts, each imported from its own module:
 - org_applier.py: one org's fresh events applied in log order, rows written in bulk;
 - appliers/: one function per event type, in a registry (type -> applier);
 - version_chain.py: the sessions' chain state (genesis, next version, seq) and its rows;
-- outcome.py: what one record did (Outcome, Applied); job_requests.py: the work it asks for.
+- outcome.py: what one record did (ProjectionOutcome, Applied); job_requests.py: the work it asks for.
 """

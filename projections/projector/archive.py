@@ -16,7 +16,7 @@ from context_engine.guardrails.signing import PLATFORM_ORG
 from context_engine.hashing import is_sha256_hex
 from context_engine.scope import Scope
 from context_engine.validation import is_canonical_uuid
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 
 from .outcome import ProjectionError, where
 

@@ -13,7 +13,7 @@ A record that cannot be decoded or applied is set aside (rejections.py) and take
 it: each org's events run under a savepoint, and when one of them fails, the org's events are
 applied again one at a time, each under its own.
 
-Row-level security: the worker connects as the admin role (see projections/database.py) and
+Row-level security: the worker connects as the admin role (see projections/store/pool.py) and
 sets `app.org_id` (transaction-local) before writing each org's rows and '_system' before the
 offsets, so the same code works whether or not its role bypasses RLS.
 """
@@ -33,16 +33,16 @@ from context_engine.events import EVENT_INGESTED, Event
 from context_engine.hashing import sha256_hex
 from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
 from context_engine.scope import Scope
-from projections.chunk_projection import BulkLoad
-from projections.database import SYSTEM_ORG, require_standard_strings, set_config_sql, sql_literal
-from projections.guardrail_projection import refuse_layers
-from projections.records import LogRecord
+from projections.projector.chunks import BulkLoad
+from projections.projector.guardrail_layers import refuse_layers
+from projections.projector.records import LogRecord
+from projections.store.pool import SYSTEM_ORG, require_standard_strings, set_config_sql, sql_literal
 
 from .appliers.ingested import idempotency_key_of
 from .archive import archive, decode_record
 from .job_requests import EmbedChunks, IndexSource
 from .org_applier import OrgApplier
-from .outcome import Applied, Outcome, ProjectionError, applied, session_id_of, where
+from .outcome import Applied, ProjectionError, ProjectionOutcome, applied, session_id_of, where
 from .rejections import Rejection, is_infrastructure_failure, rejection, set_aside
 
 log = structlog.get_logger("context_engine.projector")
@@ -134,7 +134,7 @@ async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[
         assert event is not None  # apply_batch groups the decoded events only
         decoded[i] = event
     # A guardrail layer the projection refuses (an untrusted key, a bad signature...) is neither
-    # archived nor applied: the refusal writes nothing (projections/guardrail_projection.py).
+    # archived nor applied: the refusal writes nothing (projections/projector/guardrail_layers.py).
     if refused := await refuse_layers(conn, org_id, [decoded[i] for i in indexes]):
         for i in indexes:
             if (why := refused.get(decoded[i].event_id)) is not None:
@@ -149,7 +149,7 @@ async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[
             fresh.discard(eid)  # a repeat later in this batch is a duplicate
             todo.append(i)
         else:
-            results[i] = applied(records[i], decoded[i], Outcome.DUPLICATE)
+            results[i] = applied(records[i], decoded[i], ProjectionOutcome.DUPLICATE)
     await org.load_sessions({sid for i in todo if (sid := session_id_of(decoded[i]))})
     await org.load_idempotency_keys(
         {(sid, decoded[i].scope.path, k) for i in todo if decoded[i].type == EVENT_INGESTED
@@ -171,7 +171,7 @@ def _ask_for_indexing(org: OrgApplier, indexes: list[int], results: list[Applied
     unembedded, requested = org.chunks.unembedded(), org.chunks.requested
     scope = Scope(org.org_id)
     for i in indexes:
-        if (r := results[i]) is None or r.outcome != Outcome.APPLIED:
+        if (r := results[i]) is None or r.outcome != ProjectionOutcome.APPLIED:
             continue
         if r.event_id in unembedded:
             r = dataclasses.replace(r, jobs=(*r.jobs, EmbedChunks(scope, r.event_id, tuple(unembedded[r.event_id]))))

@@ -37,7 +37,7 @@ class CompactSession:
 
 @dataclass(frozen=True, slots=True)
 class IndexSource:
-    """Index a long content out of the projector's transaction (projections/deferred_indexing.py)."""
+    """Index a long content out of the projector's transaction (projections/projector/deferred_indexing.py)."""
 
     scope: Scope
     source_event_id: str

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncpg
 
 from context_engine.events import Event
-from projections.chunk_projection import BulkLoad, ChunkProjection
-from projections.records import LogRecord
-from projections.statement_batch import NOTHING, StatementBatch
+from projections.projector.chunks import BulkLoad, ChunkProjection
+from projections.projector.records import LogRecord
+from projections.store.statement_batch import NOTHING, StatementBatch
 
 from .appliers import APPLIERS, SESSION_TYPES
 from .appliers.ingested import INSERT_SESSION_EVENTS, SESSION_EVENT_COLUMNS
 from .appliers.memory import INSERT_MEMORY_VERSIONS, MEMORY_VERSION_COLUMNS
-from .outcome import Applied, Outcome, applied, session_id_of
+from .outcome import Applied, ProjectionOutcome, applied, session_id_of
 from .rows import PendingRows, columns
 from .version_chain import VersionChain
 
@@ -53,9 +53,9 @@ class OrgApplier:
     async def apply(self, rec: LogRecord, ev: Event) -> Applied:
         sid = session_id_of(ev)
         if ev.type in SESSION_TYPES and sid in self.chain.sessions and not self.chain.sessions[sid].admits(ev.scope):
-            return applied(rec, ev, Outcome.OUT_OF_SCOPE)
+            return applied(rec, ev, ProjectionOutcome.OUT_OF_SCOPE)
         if (applier := APPLIERS.get(ev.type)) is None:
-            return applied(rec, ev, Outcome.IGNORED)  # another projector's event: archived, nothing more
+            return applied(rec, ev, ProjectionOutcome.IGNORED)  # another projector's event: archived, nothing more
         return await applier(self, rec, ev)
 
     async def finish(self) -> None:

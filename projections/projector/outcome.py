@@ -6,12 +6,12 @@ import enum
 from dataclasses import dataclass
 
 from context_engine.events import Event
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 
 from .job_requests import JobRequest
 
 
-class Outcome(enum.StrEnum):
+class ProjectionOutcome(enum.StrEnum):
     """A StrEnum: each outcome is its own name as a string, so it compares equal to, formats as
     and serialises as the strings that cross process boundaries (the "event_id:OUTCOME" NOTIFY
     payloads, the guardrail projection's outcomes)."""
@@ -25,7 +25,7 @@ class Outcome(enum.StrEnum):
     IDEMPOTENCY_KEY_TAKEN = "IDEMPOTENCY_KEY_TAKEN"
     STALE = "STALE"  # a compaction of a version the session has since left (another write came first)
     REJECTED = "REJECTED"  # set aside: not archived, nothing applied (rejected_events)
-    # A guardrail layer refused by its projection (projections/guardrail_projection.py): neither
+    # A guardrail layer refused by its projection (projections/projector/guardrail_layers.py): neither
     # archived nor applied.
     REJECTED_MALFORMED = "REJECTED_MALFORMED"
     REJECTED_SCOPE = "REJECTED_SCOPE"
@@ -50,7 +50,7 @@ class Applied:
     topic: str
     partition: int
     offset: int
-    outcome: Outcome
+    outcome: ProjectionOutcome
     session_id: str | None = None
     seq: int | None = None
     version: str | None = None
@@ -65,10 +65,11 @@ def session_id_of(ev: Event) -> str | None:
     return sid if isinstance(sid, str) and sid else None
 
 
-def applied(rec: LogRecord, ev: Event, outcome: Outcome, session_id: str | None = None,
+def applied(rec: LogRecord, ev: Event, outcome: ProjectionOutcome, session_id: str | None = None,
             seq: int | None = None, version: str | None = None, jobs: tuple[JobRequest, ...] = ()) -> Applied:
     return Applied(ev.event_id, ev.type, ev.scope.org_id, rec.topic, rec.partition, rec.offset,
-                   Outcome(outcome), session_id if session_id is not None else session_id_of(ev), seq, version,
+                   ProjectionOutcome(outcome), session_id if session_id is not None else session_id_of(ev), seq,
+                   version,
                    jobs)
 
 

@@ -13,10 +13,10 @@ from context_engine.errors import unavailable_cause
 from context_engine.events import Event
 from context_engine.hashing import sha256_hex
 from context_engine.validation import is_canonical_uuid, is_identifier
-from projections.database import SYSTEM_ORG, set_config_sql
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
+from projections.store.pool import SYSTEM_ORG, set_config_sql
 
-from .outcome import Applied, Outcome, session_id_of
+from .outcome import Applied, ProjectionOutcome, session_id_of
 from .rows import columns
 
 MAX_REASON_CHARS = 500
@@ -45,7 +45,7 @@ def rejection(rec: LogRecord, exc: BaseException, ev: Event | None = None) -> Re
     org_id, event_id = (ev.scope.org_id, ev.event_id) if ev is not None else claimed_identity(rec.raw)
     reason = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"[:MAX_REASON_CHARS]
     applied = Applied(event_id, ev.type if ev is not None else "", org_id, rec.topic, rec.partition,
-                      rec.offset, Outcome.REJECTED, session_id_of(ev) if ev is not None else None)
+                      rec.offset, ProjectionOutcome.REJECTED, session_id_of(ev) if ev is not None else None)
     return Rejection(applied, bytes(rec.raw), reason)
 
 

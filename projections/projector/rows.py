@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from projections.statement_batch import StatementBatch
+from projections.store.statement_batch import StatementBatch
 
 
 def columns(rows: Iterable[tuple[Any, ...]], width: int) -> list[list[Any]]:

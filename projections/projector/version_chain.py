@@ -17,7 +17,7 @@ import asyncpg
 from context_engine.events import Event, SessionRef
 from context_engine.hashing import next_version
 from context_engine.scope import Scope
-from projections.statement_batch import StatementBatch
+from projections.store.statement_batch import StatementBatch
 
 from .rows import PendingRows, columns
 

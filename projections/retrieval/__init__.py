@@ -7,10 +7,10 @@ from __future__ import annotations
 from .bm25 import CorpusStats, DocumentTerms, analyze, bm25_scores, term_frequencies
 from .confidence_gate import Pool, broaden, needs_expansion
 from .fusion import HYBRID, RRF, Candidate, RRFFusion, ScoredCandidate, WeightedFusion
-from .outcome import Outcome, RetrievalResult, classify, outcome_name, resolve_min_score, resolve_top_k
+from .outcome import RetrievalOutcome, RetrievalResult, classify, outcome_name, resolve_min_score, resolve_top_k
 
 __all__ = [
-    "HYBRID", "RRF", "Candidate", "CorpusStats", "DocumentTerms", "Outcome", "Pool",
+    "HYBRID", "RRF", "Candidate", "CorpusStats", "DocumentTerms", "RetrievalOutcome", "Pool",
     "RRFFusion", "RetrievalResult", "ScoredCandidate", "WeightedFusion", "analyze",
     "bm25_scores", "broaden", "classify", "needs_expansion", "outcome_name",
     "resolve_min_score", "resolve_top_k", "term_frequencies",

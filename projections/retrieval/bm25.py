@@ -33,7 +33,7 @@ normalisation is taken as 1.
 
 In SQL
 ------
-Search scores BM25 in PostgreSQL (projections/search.py: the lexical leg and the fused
+Search scores BM25 in PostgreSQL (projections/reads/search.py: the lexical leg and the fused
 statement). The idf and one posting's term are rendered beside their Python (:func:`idf_sql`,
 :func:`term_score_sql`), so k1 and b are written once; tests/integration/test_fusion_sql.py
 evaluates the renderings in PostgreSQL over a grid of tf, df, N, document and average lengths

@@ -60,7 +60,7 @@ Their default values are the retrieval recipe's (:mod:`recipe`).
 
 In SQL
 ------
-Search fuses in PostgreSQL (projections/search.py). Each normalisation above has its SQL
+Search fuses in PostgreSQL (projections/reads/search.py). Each normalisation above has its SQL
 rendering beside it (``cosine_sql``, ``bm25_sql``, ``recency_sql``, ``WeightedFusion.score_sql``),
 and the statement is built from them, so the weights and the half-life are the recipe's values
 and nowhere else. tests/integration/test_fusion_sql.py evaluates the renderings in PostgreSQL over

@@ -47,7 +47,7 @@ __all__ = [
     "DEFAULT_TOP_K",
     "MAX_TOP_K",
     "OUTCOME_PREFIX",
-    "Outcome",
+    "RetrievalOutcome",
     "RetrievalResult",
     "Scored",
     "classify",
@@ -63,7 +63,7 @@ DEFAULT_TOP_K = 10
 MAX_TOP_K = 256
 
 
-class Outcome(enum.IntEnum):
+class RetrievalOutcome(enum.IntEnum):
     """Mirror of ``upsquad.context.v1.RetrievalOutcome``: member = proto name minus prefix,
     value = proto number (so ``int(outcome)`` goes straight onto the wire)."""
 
@@ -86,10 +86,10 @@ class Outcome(enum.IntEnum):
         return outcome_name(self)
 
 
-def outcome_name(outcome: "Outcome | int | str") -> str:
+def outcome_name(outcome: "RetrievalOutcome | int | str") -> str:
     """Derive the lowercase name: strip ``RETRIEVAL_OUTCOME_`` and lowercase.
 
-    Accepts an :class:`Outcome`, a proto enum number, or the proto's full member name.
+    Accepts an :class:`RetrievalOutcome`, a proto enum number, or the proto's full member name.
     There is no transcribed table: the string is derived from the enum member name.
     """
     if isinstance(outcome, str):
@@ -97,7 +97,7 @@ def outcome_name(outcome: "Outcome | int | str") -> str:
             raise ValueError(f"{outcome!r} is not a RetrievalOutcome member name")
         full = outcome
     else:
-        full = OUTCOME_PREFIX + Outcome(int(outcome)).name
+        full = OUTCOME_PREFIX + RetrievalOutcome(int(outcome)).name
     return full[len(OUTCOME_PREFIX):].lower()
 
 
@@ -122,7 +122,7 @@ class RetrievalResult:
     results: tuple  # tuple[Scored, ...], score desc, chunk_id asc on ties, len <= top_k
     effective_min_score: float
     results_below_threshold: int
-    outcome: Outcome
+    outcome: RetrievalOutcome
     candidates_total: int = 0  # the denominator: fused candidates before floor and top_k
 
     @property
@@ -145,7 +145,7 @@ class RetrievalResult:
         """Retrieval did not run or did not complete (AssembleContext's fallback path):
         outcome UNSPECIFIED, nothing retrieved, the floor that would have applied."""
         _check_floor(effective_min_score)
-        return cls((), effective_min_score, 0, Outcome.UNSPECIFIED, 0)
+        return cls((), effective_min_score, 0, RetrievalOutcome.UNSPECIFIED, 0)
 
 
 def _check_floor(floor: float) -> None:
@@ -190,11 +190,11 @@ def classify_ranked(best: Sequence[S], above: int, total: int, effective_min_sco
     if any(not _clears(c.score, effective_min_score) for c in best):
         raise ValueError("every one of the best candidates must clear the floor")
     if total == 0:
-        outcome = Outcome.NO_RESULTS
+        outcome = RetrievalOutcome.NO_RESULTS
     elif above == 0:
-        outcome = Outcome.BELOW_THRESHOLD
+        outcome = RetrievalOutcome.BELOW_THRESHOLD
     else:
-        outcome = Outcome.OK
+        outcome = RetrievalOutcome.OK
     return RetrievalResult(tuple(best), float(effective_min_score), total - above, outcome, total)
 
 

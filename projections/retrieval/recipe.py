@@ -1,5 +1,5 @@
 """The retrieval recipe: every tuning constant of Search's and AssembleContext's retrieval, in one
-place. The modules that use them (bm25.py, fusion.py, confidence_gate.py, projections/search.py,
+place. The modules that use them (bm25.py, fusion.py, confidence_gate.py, projections/reads/search.py,
 commands/assemble_context.py) read them from here; the formulas they feed are in docs/retrieval.md,
 the measurements named below in docs/retrieval.md and docs/benchmarks.md.
 
@@ -26,13 +26,13 @@ RECENCY_HALF_LIFE_SECONDS = 14 * DAY
 #: LoCoMo (R@5/10/25 .457/.534/.658, docs/retrieval.md).
 RRF_K = 60
 
-# BM25 (bm25.py, and its SQL rendering in projections/search.py and chunk_projection's impact).
+# BM25 (bm25.py, and its SQL rendering in projections/reads/search.py and chunk_projection's impact).
 #: Term-frequency saturation k1: the Robertson/Lucene default, 1.2.
 BM25_K1 = 1.2
 #: Length normalisation b: the Robertson/Lucene default, 0.75.
 BM25_B = 0.75
 
-# Candidate pools (confidence_gate.Pool, projections/search.py).
+# Candidate pools (confidence_gate.Pool, projections/reads/search.py).
 #: The smallest pool of either leg: a pass reaches max(MIN_POOL, POOL_PER_RESULT · top_k).
 MIN_POOL = 50
 #: Candidates per leg for each result asked for (top_k).

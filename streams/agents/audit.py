@@ -1,5 +1,5 @@
 """`audit-writer`: AuditAccessEvents of the audit:access stream -> the audit trail's rows
-(projections/audit_log.py), idempotent on message_id.
+(projections/projector/audit_rows.py), idempotent on message_id.
 
 A record no publisher writes (it does not decode, or names no org or outcome) is skipped and
 logged by position. A batch PostgreSQL does not take is retried, with backoff, until it does: the
@@ -20,8 +20,8 @@ import structlog
 from faust.types import EventT, StreamT
 from google.protobuf.message import DecodeError
 
-from projections.audit_log import AuditRow, apply_audit_rows
-from projections.records import LogRecord
+from projections.projector.audit_rows import AuditRow, apply_audit_rows
+from projections.projector.records import LogRecord
 from streams.agents import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, windowed
 from streams.agents.resources import WorkerResources
 from streams.jobs import audit_row

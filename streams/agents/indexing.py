@@ -1,5 +1,5 @@
 """`chunk-indexer`: the chunks of contents over 8 KiB, after the projector's commit, on the
-indexer's background thread (projections/deferred_indexing.py), then their embedding jobs."""
+indexer's background thread (projections/projector/deferred_indexing.py), then their embedding jobs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from faust.types import StreamT
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from context_engine.scope import Scope
-from projections import deferred_indexing
+from projections.projector import deferred_indexing
 from projections.projector.rejections import is_infrastructure_failure
 from streams.agents import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, windowed
 from streams.agents.resources import WorkerResources
@@ -33,7 +33,7 @@ def register_chunk_indexer(app: faust.App, resources: WorkerResources) -> None:
 
 
 async def index_sources(resources: WorkerResources, sources_by_org: dict[str, list[str]]) -> None:
-    """Index long contents (projections/deferred_indexing.py) and ask for their embeddings. A
+    """Index long contents (projections/projector/deferred_indexing.py) and ask for their embeddings. A
     source that fails stays requested: the sweep tries it again."""
     db = await resources.pool()
     for org_id, sources in sources_by_org.items():

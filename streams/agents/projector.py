@@ -22,8 +22,8 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 from context_engine.events import EMBEDDING_RECORDED
 from context_engine.metrics import PROJECTOR_BATCH_EVENTS, PROJECTOR_BATCH_SECONDS
 from projections.projector.batch import apply_batch
-from projections.projector.outcome import Applied, Outcome
-from projections.records import LogRecord
+from projections.projector.outcome import Applied, ProjectionOutcome
+from projections.projector.records import LogRecord
 from streams import readiness
 from streams.acknowledgement import announcement
 from streams.agents import windowed
@@ -62,7 +62,7 @@ async def _project(resources: WorkerResources, stream: WindowedStream) -> None:
         if not records:
             continue
         for applied in await project_batch(db, records):
-            if applied.type == EMBEDDING_RECORDED and applied.outcome == Outcome.APPLIED:
+            if applied.type == EMBEDDING_RECORDED and applied.outcome == ProjectionOutcome.APPLIED:
                 assigner.put(applied.org_id, applied.event_id)
             for kind, job in map(job_message, applied.jobs):
                 await resources.send_job(kind, job)

@@ -16,8 +16,8 @@ from context_engine.events import Event
 from inference.embedder import embedder_from_settings
 from inference.pii_client import PiiClient
 from inference.summarizers import summarizer_from_settings
-from projections.database import create_pool, transaction_state_only
-from projections.vector_index import ensure_vector_index
+from projections.store.pool import create_pool, transaction_state_only
+from projections.store.vector_index import ensure_vector_index
 from streams.agents.refusals import RefusalLog
 from streams.compaction_worker import CompactionWorker
 from streams.embedding_pipeline import EmbeddingPipeline
@@ -60,7 +60,8 @@ class WorkerResources:
                                                   idle=settings.embedding_idle_priority)
         self.embedder = self.embedding_thread.submit(embedder_from_settings, settings,
                                                      executor=self.embedding_thread).result()
-        # Long contents are cut into chunks below the projectors' priority too (projections/deferred_indexing.py).
+        # Long contents are cut into chunks below the projectors' priority too
+        # (projections/projector/deferred_indexing.py).
         self.indexing_thread = background_thread("indexer", settings.embedding_niceness,
                                                  idle=settings.embedding_idle_priority)
 

@@ -1,12 +1,12 @@
 """`baseline-calculator`: BaselineMetricEvents -> savings per org and model
-(projections/savings_projection.py)."""
+(projections/projector/savings.py)."""
 
 from __future__ import annotations
 
 import faust
 from faust.types import StreamT
 
-from projections.savings_projection import apply_samples
+from projections.projector.savings import apply_samples
 from streams.agents import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, windowed
 from streams.agents.resources import WorkerResources
 from streams.jobs import baseline_sample

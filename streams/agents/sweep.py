@@ -8,7 +8,7 @@ import datetime as dt
 
 import faust
 
-from projections import deferred_indexing
+from projections.projector import deferred_indexing
 from streams.agents.embedding import embed_orgs
 from streams.agents.indexing import index_sources
 from streams.agents.pii import scan

@@ -30,7 +30,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from context_engine.errors import Unavailable
 from context_engine.events import Event
 from projections.projector.batch import apply_batch
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 from streams.log import EventLog, LogPosition
 from streams.record_auth import Keyring, RecordSigner, RecordVerifier, partition_for
 from streams.restore import restore_if_behind

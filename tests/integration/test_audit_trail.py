@@ -18,9 +18,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from context_engine.scope import Scope
-from projections.audit_log import AuditRow, audit_rows
-from projections.database import create_pool, org_transaction
-from projections.migrate import migrate
+from projections.projector.audit_rows import AuditRow
+from projections.reads.audit import audit_rows
+from projections.store.migrations import migrate
+from projections.store.pool import create_pool, org_transaction
 from streams.agents.audit import write_from_log
 from streams.audit import AccessAttempt, AuditPublisher
 from streams.jobs import audit_access

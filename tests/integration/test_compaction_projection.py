@@ -14,7 +14,7 @@ import pytest
 from context_engine import hashing
 from context_engine.events import Event, SessionCompacted, SessionRef
 from context_engine.scope import Scope
-from projections.projector.outcome import Outcome
+from projections.projector.outcome import ProjectionOutcome
 from streams.replay import compare, replay
 from streams.topics import LogTopics
 from tests.fixtures.databases import fresh_database
@@ -58,7 +58,7 @@ async def test_a_compaction_replaces_the_older_turns_with_its_summary(engine):
     org, sid, lead, ids = await session_with_turns(engine)
     base, _ = await state(engine, org, sid)
     ev, outcome = await compact(engine, org, sid, base, ids[:4])
-    assert outcome == Outcome.APPLIED
+    assert outcome == ProjectionOutcome.APPLIED
     version, history = await state(engine, org, sid)
     assert version == hashing.next_version(base, ev.content_hash)
     assert history == [SUMMARY, *TURNS[4:]]  # the summary where the first replaced turn was
@@ -108,13 +108,13 @@ async def test_a_stale_foreign_or_malformed_compaction_changes_nothing(engine):
                                                             content=b"the bot's own turn"))).event_id
     now, history = await state(engine, org, sid)
     cases = [
-        (base, ids[:2], None, Outcome.STALE),  # the bot's turn came after `base`
-        (now, [*ids[:2], below], None, Outcome.UNKNOWN_TARGET),  # not the owner's turn to summarise
-        (now, [*ids[:2], str(uuid.uuid4())], None, Outcome.UNKNOWN_TARGET),
-        (now, [], None, Outcome.UNKNOWN_TARGET),
-        (now, ["not-a-uuid"], None, Outcome.UNKNOWN_TARGET),
-        (now, ids[:2], Scope(org, "sales", "emea", "bot"), Outcome.OUT_OF_SCOPE),  # below the owner
-        (now, ids[:2], Scope(org, "sales", "apac"), Outcome.OUT_OF_SCOPE),  # a sibling team
+        (base, ids[:2], None, ProjectionOutcome.STALE),  # the bot's turn came after `base`
+        (now, [*ids[:2], below], None, ProjectionOutcome.UNKNOWN_TARGET),  # not the owner's turn to summarise
+        (now, [*ids[:2], str(uuid.uuid4())], None, ProjectionOutcome.UNKNOWN_TARGET),
+        (now, [], None, ProjectionOutcome.UNKNOWN_TARGET),
+        (now, ["not-a-uuid"], None, ProjectionOutcome.UNKNOWN_TARGET),
+        (now, ids[:2], Scope(org, "sales", "emea", "bot"), ProjectionOutcome.OUT_OF_SCOPE),  # below the owner
+        (now, ids[:2], Scope(org, "sales", "apac"), ProjectionOutcome.OUT_OF_SCOPE),  # a sibling team
     ]
     for at, replaced, scope, expected in cases:
         _, outcome = await compact(engine, org, sid, at, replaced, scope=scope)
@@ -124,7 +124,7 @@ async def test_a_stale_foreign_or_malformed_compaction_changes_nothing(engine):
     await compact(engine, org, sid, now, ids[:2])
     after, _ = await state(engine, org, sid)
     _, outcome = await compact(engine, org, sid, after, ids[1:3])
-    assert outcome == Outcome.UNKNOWN_TARGET
+    assert outcome == ProjectionOutcome.UNKNOWN_TARGET
 
 
 @pytest.mark.parametrize("payload", [{"replaced": "not a list"}, {"replaced": [1, 2]}, {"fact_retention_score": "x"}])

@@ -35,9 +35,9 @@ from context_engine.guardrails.signing import (
     sign_layer,
 )
 from context_engine.scope import Scope
-from projections import db_admin
-from projections.database import create_pool, org_transaction
-from projections.guardrail_projection import (
+from projections.assembly.validation import validate_prompt
+from projections.projector.batch import apply_batch
+from projections.projector.guardrail_layers import (
     APPLIED,
     DUPLICATE,
     REJECTED_BAD_SIGNATURE,
@@ -48,16 +48,16 @@ from projections.guardrail_projection import (
     apply_guardrail_published,
     refuse_layers,
 )
-from projections.guardrail_queries import (
+from projections.projector.records import LogRecord
+from projections.reads.guardrail_layers import (
     current_layer,
     current_layers,
     layers_by_hash,
     published_layer,
 )
-from projections.migrate import app_url
-from projections.projector.batch import apply_batch
-from projections.prompt_validation import validate_prompt
-from projections.records import LogRecord
+from projections.store import admin
+from projections.store.migrations import app_url
+from projections.store.pool import create_pool, org_transaction
 from streams.acknowledgement import announcement
 from streams.record_auth import Keyring, RecordSigner, RecordVerifier
 from streams.replay import compare_log, read_log
@@ -380,7 +380,7 @@ async def test_without_app_org_id_nothing_is_visible(conn: asyncpg.Connection, a
 async def test_an_org_cannot_write_platform_rows(conn: asyncpg.Connection, db_url: str) -> None:
     """The L1 policy only reads; writes stay confined to the org in app.org_id."""
     role = "ce_test_guardrail_writer"
-    await db_admin.ensure_role(conn, role, login=False)
+    await admin.ensure_role(conn, role, login=False)
     await conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON guardrail_layers TO {role}")
     writer = await asyncpg.connect(db_url)
     try:

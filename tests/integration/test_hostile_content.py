@@ -18,7 +18,7 @@ from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
 from context_engine.validation import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
 from entrypoints.serving.status import error_info
-from projections import deferred_indexing
+from projections.projector import deferred_indexing
 from streams.record_auth import partition_for, signer_from_settings
 from streams.topics import LogTopics
 from tests.fixtures.engine import unique
@@ -88,7 +88,7 @@ async def test_every_content_up_to_the_limit_is_accepted_and_one_byte_more_is_re
                                                              content=contents["binary"]))
     assert push.version_hash == sha256_hex(contents["binary"])
     assert await stored(engine, org, "s") == [(limit, sha256_hex(c)) for c in contents.values()]
-    # Their chunks come after the acknowledgement (projections/deferred_indexing.py): the text ones
+    # Their chunks come after the acknowledgement (projections/projector/deferred_indexing.py): the text ones
     # have chunks, within the token limit, without a NUL; the binary one has none.
     assert await indexed_chunks(engine, org) == {"no spaces": True, "NUL bytes": True, "binary": False,
                                                  "multi-byte": True}

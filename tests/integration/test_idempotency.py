@@ -23,7 +23,7 @@ from context_engine.events import EVENT_INGESTED, Event, SessionRef, session_agg
 from context_engine.scope import Scope
 from entrypoints.api.app import build_api_server
 from entrypoints.serving.status import error_info
-from projections.projector.outcome import Outcome
+from projections.projector.outcome import ProjectionOutcome
 from streams.acknowledgement import ArchiveWatch, EventRejected
 from tests.fixtures.engine import unique
 from upsquad.context.v1 import context_pb2 as pb
@@ -356,7 +356,7 @@ async def test_the_watch_learns_the_outcome_without_a_notification(engine):
     rejected, fine = malformed_ingest(org), Event(EVENT_INGESTED, Scope(org), session_aggregate(org, "s1"), "test", {
         "session_id": "s1", "event_type": "message", "content_b64": "b2s=", "metadata": {},
         "content_sha256": hashlib.sha256(b"ok").hexdigest(), "token_count": 1, "idempotency_key": ""})
-    for event, outcome in ((rejected, Outcome.REJECTED), (fine, None)):
+    for event, outcome in ((rejected, ProjectionOutcome.REJECTED), (fine, None)):
         position = await engine.deps.log.append(event)
         assert await deaf.wait(event.event_id, org, position, timeout=SETTLE_S) == outcome
     assert await applied_events(engine, org) == [fine.event_id]

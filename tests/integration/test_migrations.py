@@ -24,9 +24,10 @@ from context_engine.events import (
 )
 from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
-from projections import queries
-from projections.database import DatabaseRoleError, create_pool, org_transaction
-from projections.migrate import (
+from projections.projector.batch import apply_batch
+from projections.projector.records import LogRecord
+from projections.reads import sessions as queries
+from projections.store.migrations import (
     API_GROUP_ROLE,
     MIGRATIONS_DIR,
     MigrationError,
@@ -34,8 +35,7 @@ from projections.migrate import (
     load_migrations,
     migrate,
 )
-from projections.projector.batch import apply_batch
-from projections.records import LogRecord
+from projections.store.pool import DatabaseRoleError, create_pool, org_transaction
 from tests.fixtures.databases import fresh_database, owned_database
 
 pytestmark = pytest.mark.integration

@@ -107,7 +107,7 @@ def test_the_wheel_holds_every_migration_and_module(wheel):
 
     migrations = sorted(p.name for p in MIGRATION_SOURCES.glob("*.sql"))
     assert migrations, f"no migrations found under {MIGRATION_SOURCES}"
-    missing = [m for m in migrations if f"projections/sql/{m}" not in names]
+    missing = [m for m in migrations if f"projections/store/sql/{m}" not in names]
     assert not missing, f"migrations missing from {wheel.name}: {missing}"
 
     # Every module and data file under the service folders, at the path its import names.
@@ -125,7 +125,7 @@ async def test_the_installed_wheel_migrates_a_real_database(installed, postgres_
 import asyncio, os, pathlib, sys
 import asyncpg
 import context_engine
-from projections import migrate
+from projections.store import migrations as migrate
 print(pathlib.Path(context_engine.__file__).resolve())
 print(pathlib.Path(migrate.MIGRATIONS_DIR).resolve())
 print(",".join(asyncio.run(migrate.migrate(os.environ["URL"]))))
@@ -156,7 +156,7 @@ def test_the_installed_wheel_imports_every_service(installed, tmp_path):
     out = run_installed(installed, """
 import pathlib
 import context_engine.__main__, entrypoints.api.app, streams.app
-import entrypoints.detector.server, entrypoints.supervisor, commands.ingest_event, projections.migrate
+import entrypoints.detector.server, entrypoints.supervisor, commands.ingest_event, projections.store.migrations
 from upsquad.context.v1 import context_pb2
 print(pathlib.Path(streams.app.__file__).resolve())
 """, tmp_path)

@@ -15,9 +15,9 @@ import pytest
 from entrypoints.serving.status import error_info
 from inference.openai_http import RetryPolicy
 from inference.summarizers.chat_completions import ChatCompletionsSummarizer
-from projections.database import org_transaction
+from projections.reads.session_history import session_history
 from projections.retrieval.chunking import chunk_id
-from projections.session_history import session_history
+from projections.store.pool import org_transaction
 from streams.replay import compare, replay
 from streams.topics import LogTopics
 from tests.fixtures.calls import (

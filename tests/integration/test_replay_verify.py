@@ -11,7 +11,7 @@ from context_engine import hashing
 from context_engine.events import EVENT_INGESTED, Event, canonical_bytes, session_aggregate
 from context_engine.scope import Scope
 from inference.tokens import count_tokens
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 from streams.record_auth import partition_for, signer_from_settings
 from streams.replay import compare, read_archive, replay, verify
 from streams.topics import LogTopics

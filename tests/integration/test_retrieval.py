@@ -20,15 +20,15 @@ from context_engine.scope import Scope
 from entrypoints.api.app import api_database_url
 from inference.text_analysis import analyze
 from inference.tokens import count_tokens
-from projections.database import create_pool
-from projections.migrate import APP_ROLE
+from projections.reads.search import _LEXICAL, SearchQuery, _fused, _Retriever
+from projections.reads.search import search as search_projection
 from projections.retrieval.bm25 import CorpusStats, bm25_scorer, query_idf_mass
 from projections.retrieval.confidence_gate import Pool
 from projections.retrieval.fusion import HYBRID, Candidate
 from projections.retrieval.outcome import classify
 from projections.retrieval.recipe import EXACT_VECTOR_LEG_MAX_DOCS, FIRST_EF_SEARCH
-from projections.search import _LEXICAL, SearchQuery, _fused, _Retriever
-from projections.search import search as search_projection
+from projections.store.migrations import APP_ROLE
+from projections.store.pool import create_pool
 from streams.record_auth import verifier_from_settings
 from streams.replay import read_log, replay
 from streams.topics import LogTopics
@@ -577,7 +577,7 @@ async def test_the_backlog_sweep_pages_through_every_unembedded_chunk_once(engin
     """What the worker's sweep walks after a broker restart lost the queued EmbeddingJobs: pages
     by (created_at, chunk_id), so chunks embedded meanwhile (their vectors still on the way
     through the log) are never fetched twice and a large backlog is covered in one sweep."""
-    from projections.database import create_pool
+    from projections.store.pool import create_pool
     from streams.embedding_pipeline import EmbeddingPipeline
 
     org = unique("backlog")

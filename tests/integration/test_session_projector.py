@@ -30,16 +30,19 @@ from context_engine.events import (
 from context_engine.hashing import chain, genesis_version, next_version, sha256_hex
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
-from projections import db_admin, queries
-from projections.chunk_projection import assign_vectors_recorded_by
-from projections.database import create_pool, init_connection
 from projections.projector.batch import apply_batch, load_offsets
-from projections.projector.outcome import Outcome
-from projections.records import LogRecord
+from projections.projector.chunks import assign_vectors_recorded_by
+from projections.projector.outcome import ProjectionOutcome
+from projections.projector.records import LogRecord
+from projections.reads import sessions as queries
+from projections.store import admin as db_admin
+from projections.store.pool import create_pool, init_connection
 from streams.embedding_pipeline import recorded_event
 from streams.jobs import job_message
 from streams.vector_assigner import VectorAssigner
 from tests.fixtures.databases import fresh_database
+
+APPLIED, DUPLICATE, REJECTED = ProjectionOutcome.APPLIED, ProjectionOutcome.DUPLICATE, ProjectionOutcome.REJECTED
 
 pytestmark = pytest.mark.integration
 
@@ -166,7 +169,7 @@ async def test_versions_follow_the_hash_chain_in_log_order(conn: asyncpg.Connect
     applied = []
     for start in range(0, len(records), 7):  # batches cut across sessions and partitions
         applied += await apply_batch(conn, records[start:start + 7])
-    assert [a.outcome for a in applied] == [Outcome.APPLIED] * 30
+    assert [a.outcome for a in applied] == [ProjectionOutcome.APPLIED] * 30
     assert [a.event_id for a in applied] == [e.event_id for e in events]
 
     for s in sessions:
@@ -221,9 +224,9 @@ async def test_duplicate_delivery_changes_nothing(conn: asyncpg.Connection) -> N
     assert before[0]["session_items"] == 6
 
     again = await apply_batch(conn, records)  # same offsets
-    assert {a.outcome for a in again} == {Outcome.DUPLICATE}
+    assert {a.outcome for a in again} == {ProjectionOutcome.DUPLICATE}
     moved = log.append(*events)  # same events at new offsets (e.g. a producer retry)
-    assert {a.outcome for a in await apply_batch(conn, moved)} == {Outcome.DUPLICATE}
+    assert {a.outcome for a in await apply_batch(conn, moved)} == {ProjectionOutcome.DUPLICATE}
     after = (await counts(conn, org), await item_versions(conn, org, "s"),
              await in_org(conn, org, queries.get_session, "s"))
     assert after == before
@@ -232,7 +235,7 @@ async def test_duplicate_delivery_changes_nothing(conn: asyncpg.Connection) -> N
     # Within one batch, the second copy is the duplicate.
     extra = ingest(org, "s", "e-extra")
     twice = log.append(extra, extra)
-    assert [a.outcome for a in await apply_batch(conn, twice)] == [Outcome.APPLIED, Outcome.DUPLICATE]
+    assert [a.outcome for a in await apply_batch(conn, twice)] == [APPLIED, DUPLICATE]
     assert (await counts(conn, org))["session_items"] == 7
     offsets = await load_offsets(conn)
     assert offsets[(log.topic, twice[-1].partition)] == twice[-1].offset
@@ -245,7 +248,7 @@ async def test_positions_are_recorded_not_identity(conn: asyncpg.Connection) -> 
     # A restored broker may hold a new event at a position an archived one had before the crash.
     other = ingest(org, "s", "another event at the same offset")
     assert [a.outcome for a in await apply_batch(
-        conn, [LogRecord(first.topic, first.partition, first.offset, other.to_bytes())])] == [Outcome.APPLIED]
+        conn, [LogRecord(first.topic, first.partition, first.offset, other.to_bytes())])] == [ProjectionOutcome.APPLIED]
 
 
 def _poison(org: str) -> dict[str, bytes | Event]:
@@ -288,7 +291,7 @@ async def test_a_record_that_cannot_be_applied_is_set_aside_and_takes_nothing_wi
             + log.append(valid[2])
         applied = await apply_batch(conn, records)
         assert [a.outcome for a in applied] == [
-            Outcome.APPLIED, Outcome.APPLIED, Outcome.REJECTED, Outcome.APPLIED], what
+            APPLIED, APPLIED, REJECTED, APPLIED], what
         after = await counts(conn, victim)
         assert after["session_events"] == before["session_events"] + 2, what
         rejected = await conn.fetchrow("SELECT org_id, event_id, reason, raw, topic, partition, \"offset\" "
@@ -307,7 +310,7 @@ async def test_a_record_that_cannot_be_applied_is_set_aside_and_takes_nothing_wi
         # Redelivered: rejected again, nothing doubles.
         again = await apply_batch(conn, records)
         assert [a.outcome for a in again] == [
-            Outcome.DUPLICATE, Outcome.DUPLICATE, Outcome.REJECTED, Outcome.DUPLICATE], what
+            DUPLICATE, DUPLICATE, REJECTED, DUPLICATE], what
         assert await counts(conn, victim) == after
     assert await conn.fetchval("SELECT count(*) FROM session_events WHERE org_id = $1", attacker) \
         == len(_poison(attacker))
@@ -317,7 +320,7 @@ async def test_json_nested_deeper_than_a_parser_goes_is_indexed_as_text(conn: as
     """Content starting with "[" is read as JSON; nested thousands deep, json.loads or the walk of
     its leaves gives up with a RecursionError, which stalled the partition. Now it is text, inline
     and deferred alike."""
-    from projections import deferred_indexing
+    from projections.projector import deferred_indexing
 
     org, log = new_org(), Log()
     deep = [b"[" * n + b"]" * n for n in (2_000, 40_000)]  # 4 KB inline; 80 KB after the commit
@@ -327,7 +330,7 @@ async def test_json_nested_deeper_than_a_parser_goes_is_indexed_as_text(conn: as
         events.append(Event(ev.type, ev.scope, ev.aggregate, ev.actor,
                             {**ev.payload, "content_b64": base64.b64encode(content).decode(),
                              "content_sha256": sha256_hex(content)}))
-    assert [a.outcome for a in await apply_batch(conn, log.append(*events))] == [Outcome.APPLIED, Outcome.APPLIED]
+    assert [a.outcome for a in await apply_batch(conn, log.append(*events))] == [APPLIED, APPLIED]
     await deferred_indexing.index_requested(conn, org, events[1].event_id)
     sources = await in_org(conn, org, lambda c, o: c.fetch(
         "SELECT source_event_id, count(*) AS n, min(content) AS first FROM chunks WHERE org_id = $1 "
@@ -345,7 +348,7 @@ async def test_content_with_nul_and_binary_bytes_is_stored_verbatim(conn: asyncp
         events.append(Event(ev.type, ev.scope, ev.aggregate, ev.actor,
                             {**ev.payload, "content_b64": base64.b64encode(c).decode(),
                              "content_sha256": sha256_hex(c)}))
-    assert [a.outcome for a in await apply_batch(conn, log.append(*events))] == [Outcome.APPLIED] * 3
+    assert [a.outcome for a in await apply_batch(conn, log.append(*events))] == [ProjectionOutcome.APPLIED] * 3
     rows = await conn.fetch("SELECT e.content, array_agg(c.content) FILTER (WHERE c.content IS NOT NULL) AS chunks "
                             "FROM session_events e LEFT JOIN chunks c "
                             "ON c.org_id = e.org_id AND c.source_event_id = e.event_id "
@@ -374,8 +377,8 @@ async def test_a_batch_of_several_orgs_with_quotes_in_its_names_is_written_and_a
             await asyncio.sleep(0.02)
     finally:
         await listener.close()
-    assert [a.outcome for a in applied] == [Outcome.APPLIED] * 3
-    assert heard == [",".join(f"{e.event_id}'{Outcome.APPLIED}" for e in events)]
+    assert [a.outcome for a in applied] == [ProjectionOutcome.APPLIED] * 3
+    assert heard == [",".join(f"{e.event_id}'{ProjectionOutcome.APPLIED}" for e in events)]
     assert [(await counts(conn, o))["session_items"] for o in orgs] == [2, 1]
     offsets = await load_offsets(conn)
     assert (offsets[(topic, 0)], offsets[(topic, 1)]) == (8, 3)
@@ -388,7 +391,7 @@ async def test_a_batch_inside_the_callers_transaction_commits_and_rolls_back_wit
     with pytest.raises(RuntimeError, match="caller gives up"):
         async with conn.transaction():
             applied = await apply_batch(conn, log.append(ingest(org, "s", "one")))
-            assert [a.outcome for a in applied] == [Outcome.APPLIED]
+            assert [a.outcome for a in applied] == [ProjectionOutcome.APPLIED]
             assert conn.is_in_transaction()  # the batch did not commit the caller's transaction
             raise RuntimeError("caller gives up")
     assert (await counts(conn, org))["event_archive"] == 0
@@ -403,7 +406,7 @@ async def test_other_event_types_are_archived_and_ignored(conn: asyncpg.Connecti
     org, log = new_org(), Log()
     share = Event("share.granted", scope(org), f"share/{org}/x", "u", {"share_id": "x"})
     [a] = await apply_batch(conn, log.append(share))
-    assert a.outcome == Outcome.IGNORED
+    assert a.outcome == ProjectionOutcome.IGNORED
     assert (await counts(conn, org)) == {**dict.fromkeys(_DUMP, 0), "event_archive": 1}
 
 
@@ -435,7 +438,7 @@ async def test_rollback_deactivates_later_items_and_chains_from_the_target(conn:
 
     back = rollback(org, "s", v[2])
     [r] = await apply_batch(conn, log.append(back))
-    assert (r.outcome, r.version, r.seq) == (Outcome.APPLIED, v[2], 2)
+    assert (r.outcome, r.version, r.seq) == (ProjectionOutcome.APPLIED, v[2], 2)
     items = await in_org(conn, org, queries.session_items, "s")
     assert [(i.seq, i.active, i.rolled_back_by) for i in items] == [
         (1, True, None), (2, True, None),
@@ -458,7 +461,7 @@ async def test_rollback_deactivates_later_items_and_chains_from_the_target(conn:
 
     # Rolling back to a version that was itself rolled back restores exactly its state.
     [r] = await apply_batch(conn, log.append(rollback(org, "s", v[4])))
-    assert (r.outcome, r.version) == (Outcome.APPLIED, v[4])
+    assert (r.outcome, r.version) == (ProjectionOutcome.APPLIED, v[4])
     assert [i.seq for i in await in_org(conn, org, queries.session_items, "s", active_only=True)] == [1, 2, 3, 4]
     assert (await in_org(conn, org, queries.latest_memory, "bot-1", "s", visible)).content == b"m4"
     assert (await in_org(conn, org, queries.get_session, "s")).active_count == 4
@@ -483,11 +486,11 @@ async def test_a_rollback_from_any_scope_but_the_owner_changes_nothing(conn: asy
     results = await apply_batch(conn, log.append(*(
         Event(SESSION_ROLLED_BACK, at, session_aggregate(org, "s"), "admin-1",
               {"session_id": "s", "target_version": a.version}) for at in (below, sibling, above))))
-    assert [r.outcome for r in results] == [Outcome.OUT_OF_SCOPE] * 3
+    assert [r.outcome for r in results] == [ProjectionOutcome.OUT_OF_SCOPE] * 3
     assert (await item_versions(conn, org, "s"), await in_org(conn, org, queries.get_session, "s")) == before
     [done] = await apply_batch(conn, log.append(Event(SESSION_ROLLED_BACK, owner, session_aggregate(org, "s"),
                                                       "admin-1", {"session_id": "s", "target_version": a.version})))
-    assert (done.outcome, done.version) == (Outcome.APPLIED, a.version)
+    assert (done.outcome, done.version) == (ProjectionOutcome.APPLIED, a.version)
 
 
 async def test_rollback_to_an_unknown_target_changes_nothing(conn: asyncpg.Connection) -> None:
@@ -499,7 +502,7 @@ async def test_rollback_to_an_unknown_target_changes_nothing(conn: asyncpg.Conne
     results = await apply_batch(conn, log.append(
         rollback(org, "s", "0" * 64), rollback(org, "s", other_session_version),
         rollback(org, "never-seen", "1" * 64)))
-    assert [r.outcome for r in results] == [Outcome.UNKNOWN_TARGET] * 3
+    assert [r.outcome for r in results] == [ProjectionOutcome.UNKNOWN_TARGET] * 3
     after = (await counts(conn, org), await item_versions(conn, org, "s"),
              await in_org(conn, org, queries.get_session, "s"))
     assert after[1:] == before[1:]
@@ -515,7 +518,7 @@ async def test_snapshot_name_collision_keeps_the_first(conn: asyncpg.Connection)
     e3 = ingest(org, "s", "three")
     results = await apply_batch(conn, log.append(first, e3, second, snapshot(org, "other", "before-deploy")))
     assert [r.outcome for r in results] == [
-        Outcome.APPLIED, Outcome.APPLIED, Outcome.SNAPSHOT_NAME_TAKEN, Outcome.APPLIED]
+        APPLIED, APPLIED, ProjectionOutcome.SNAPSHOT_NAME_TAKEN, APPLIED]
 
     snap = await in_org(conn, org, queries.snapshot_by_name, "s", "before-deploy", Visibility.of(scope(org)))
     assert snap.snapshot_id == first.payload["snapshot_id"] and snap.version == v[2] and results[0].version == v[2]
@@ -541,7 +544,7 @@ async def test_snapshot_name_collision_keeps_the_first(conn: asyncpg.Connection)
 async def test_memory_outside_a_session_has_no_chain(conn: asyncpg.Connection) -> None:
     org, log = new_org(), Log()
     [a] = await apply_batch(conn, log.append(push(org, "", "standalone", agent="bot-9")))
-    assert (a.outcome, a.session_id, a.version) == (Outcome.APPLIED, None, None)
+    assert (a.outcome, a.session_id, a.version) == (ProjectionOutcome.APPLIED, None, None)
     assert (await counts(conn, org))["session_items"] == 0
     got = await in_org(conn, org, queries.latest_memory, "bot-9", None,
                        Visibility.of(scope(org, "bot-9")))
@@ -560,7 +563,7 @@ async def test_a_worker_role_subject_to_rls_projects_the_same(conn: asyncpg.Conn
         await worker.execute(f"SET ROLE {role}")
         assert not await worker.fetchval("SELECT rolbypassrls OR rolsuper FROM pg_roles WHERE rolname = current_user")
         results = await apply_batch(worker, log.append(*events))
-        assert [r.outcome for r in results] == [Outcome.APPLIED] * 6 + [Outcome.UNKNOWN_TARGET]
+        assert [r.outcome for r in results] == [ProjectionOutcome.APPLIED] * 6 + [ProjectionOutcome.UNKNOWN_TARGET]
         assert await load_offsets(worker)
     finally:
         await worker.close()
@@ -579,7 +582,7 @@ async def test_an_idempotency_key_belongs_to_its_writer(conn: asyncpg.Connection
     retry = keyed(org, "s", "x", "k-1", at=emea)
     results = await apply_batch(conn, log.append(opened, mine, theirs, retry))
     assert [r.outcome for r in results] == [
-        Outcome.APPLIED, Outcome.APPLIED, Outcome.APPLIED, Outcome.IDEMPOTENCY_KEY_TAKEN]
+        APPLIED, APPLIED, APPLIED, ProjectionOutcome.IDEMPOTENCY_KEY_TAKEN]
     for writer, event in ((emea, mine), (apac, theirs)):
         found = await in_org(conn, org, queries.event_by_idempotency_key, "k-1", "s", writer.path)
         assert found.event_id == event.event_id
@@ -592,12 +595,12 @@ async def test_an_idempotency_key_is_projected_once_per_session(conn: asyncpg.Co
     results = await apply_batch(conn, log.append(first, retry))
     results += await apply_batch(conn, log.append(later, fresh))
     assert [r.outcome for r in results] == [
-        Outcome.APPLIED, Outcome.IDEMPOTENCY_KEY_TAKEN, Outcome.IDEMPOTENCY_KEY_TAKEN, Outcome.APPLIED]
+        APPLIED, ProjectionOutcome.IDEMPOTENCY_KEY_TAKEN, ProjectionOutcome.IDEMPOTENCY_KEY_TAKEN, APPLIED]
     won = await in_org(conn, org, queries.event_by_idempotency_key, "k-1", "s")
     assert won.event_id == first.event_id and won["token_count"] == 1
     # Per session: another session's history cannot decide (it may sit in another partition).
     [other] = await apply_batch(conn, log.append(keyed(org, "s2", "y", "k-1")))
-    assert other.outcome == Outcome.APPLIED
+    assert other.outcome == ProjectionOutcome.APPLIED
     assert (await in_org(conn, org, queries.event_by_idempotency_key, "k-1", "s2")).event_id == other.event_id
     assert (await in_org(conn, org, queries.event_by_idempotency_key, "k-1")).event_id == first.event_id
     assert await in_org(conn, org, queries.event_by_id, retry.event_id) is None  # archived, not projected
@@ -607,7 +610,7 @@ async def test_an_idempotency_key_is_projected_once_per_session(conn: asyncpg.Co
     # Another org has its own keys.
     org_b = new_org()
     [b] = await apply_batch(conn, log.append(keyed(org_b, "s", "x", "k-1")))
-    assert b.outcome == Outcome.APPLIED
+    assert b.outcome == ProjectionOutcome.APPLIED
 
 
 async def test_only_the_owner_scope_and_below_change_a_session(conn: asyncpg.Connection) -> None:
@@ -626,7 +629,7 @@ async def test_only_the_owner_scope_and_below_change_a_session(conn: asyncpg.Con
                          "u", {"session_id": "s", "target_version": genesis})
     results = await apply_batch(conn, log.append(owner_first, below, sibling, above, sibling_push,
                                                  sibling_snap, sibling_back))
-    assert [r.outcome for r in results] == [Outcome.APPLIED, Outcome.APPLIED] + [Outcome.OUT_OF_SCOPE] * 5
+    assert [r.outcome for r in results] == [APPLIED, APPLIED] + [ProjectionOutcome.OUT_OF_SCOPE] * 5
     session = await in_org(conn, org, queries.get_session, "s")
     assert session.scope_path == team.path and session.item_count == 2
     assert session.version == chain(key(org, "s"), [owner_first.content_hash, below.content_hash])[-1]
@@ -835,8 +838,8 @@ async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it
     indexer writes them after the commit, with the source's state at that moment (here: rolled
     back in between, and a memory scanned twice); a bulk replay writes them in place. Both end in
     the same chunks, postings and statistics."""
-    from projections import deferred_indexing
-    from projections.chunk_projection import INLINE_INDEX_BYTES, BulkLoad, recount_statistics
+    from projections.projector import deferred_indexing
+    from projections.projector.chunks import INLINE_INDEX_BYTES, BulkLoad, recount_statistics
 
     org, log = new_org(), Log()
     words = "harbour lamp keeper boats tide village rain morning water grey".split()
@@ -892,7 +895,7 @@ async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it
 
 
 async def test_an_indexing_request_that_keeps_failing_is_given_up_with_its_error(conn: asyncpg.Connection) -> None:
-    from projections import deferred_indexing
+    from projections.projector import deferred_indexing
 
     org, log = new_org(), Log()
     long = ingest(org, "s", "lamp " * 5_000)

@@ -24,8 +24,8 @@ from context_engine.events import Event, EventDecodeError, ShareCreated, decode,
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 from entrypoints.api.app import build_api_server, open_deps
-from projections.records import LogRecord
-from projections.share_grants import held_sql
+from projections.projector.records import LogRecord
+from projections.reads.share_grants import held_sql
 from streams.replay import replay, verify
 from streams.topics import LogTopics
 from tests.fixtures.calls import admin_fetch, expect_error  # noqa: F401 (admin_fetch: imported by others)

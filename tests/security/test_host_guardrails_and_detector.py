@@ -53,13 +53,13 @@ from context_engine.guardrails.signing import (
 )
 from context_engine.scope import Scope
 from entrypoints.serving.status import error_info
-from projections.database import create_pool, org_transaction
-from projections.guardrail_projection import (
+from projections.projector.guardrail_layers import (
     REJECTED_BAD_SIGNATURE,
     REJECTED_STALE,
     REJECTED_UNTRUSTED_KEY,
 )
-from projections.guardrail_queries import current_layer
+from projections.reads.guardrail_layers import current_layer
+from projections.store.pool import create_pool, org_transaction
 from streams.kafka_security import client_security
 from streams.record_auth import signer_from_settings
 from streams.topics import LogTopics

@@ -52,10 +52,13 @@ from entrypoints.embedded.postgres import (
     pg_install_dir,
 )
 from entrypoints.embedded.process import free_port
-from projections import db_admin, deferred_indexing, savings_projection
-from projections.chunk_projection import pending_vector_assignments
-from projections.database import create_pool, org_transaction
-from projections.migrate import (
+from projections.projector import deferred_indexing
+from projections.projector import savings as savings_projection
+from projections.projector.batch import apply_batch
+from projections.projector.chunks import pending_vector_assignments
+from projections.projector.records import LogRecord
+from projections.store import admin as db_admin
+from projections.store.migrations import (
     API_GROUP_ROLE,
     APP_ROLE,
     MIGRATIONS_DIR,
@@ -64,8 +67,7 @@ from projections.migrate import (
     app_url,
     migrate,
 )
-from projections.projector.batch import apply_batch
-from projections.records import LogRecord
+from projections.store.pool import create_pool, org_transaction
 from streams import pii_rescan
 from tests.fixtures.databases import fresh_database, owned_database
 from tests.fixtures.engine import unique

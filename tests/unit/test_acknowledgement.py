@@ -20,8 +20,8 @@ from context_engine.events import (
     SessionRef,
 )
 from context_engine.scope import Scope
-from projections.guardrail_projection import REJECTED_UNTRUSTED_KEY
-from projections.projector.outcome import Outcome
+from projections.projector.guardrail_layers import REJECTED_UNTRUSTED_KEY
+from projections.projector.outcome import ProjectionOutcome
 from streams.acknowledgement import (
     ARCHIVED_CHANNEL,
     IDS_PER_NOTIFICATION,
@@ -37,7 +37,7 @@ from streams.freshness import SessionFreshness
 from streams.log import LogPosition
 
 NOTIFY_LIMIT_BYTES = 8000  # PostgreSQL's limit on one NOTIFY payload
-LONGEST_OUTCOMES = (REJECTED_UNTRUSTED_KEY, Outcome.IDEMPOTENCY_KEY_TAKEN)
+LONGEST_OUTCOMES = (REJECTED_UNTRUSTED_KEY, ProjectionOutcome.IDEMPOTENCY_KEY_TAKEN)
 
 
 def outcomes(n: int) -> list[tuple[str, str]]:
@@ -73,9 +73,9 @@ def test_an_empty_batch_announces_nothing():
 
 
 def test_the_announcement_names_the_channel_and_skips_records_without_an_event_id():
-    applied = [SimpleNamespace(event_id="e1", outcome=Outcome.APPLIED),
-               SimpleNamespace(event_id="", outcome=Outcome.REJECTED),
-               SimpleNamespace(event_id="e2", outcome=Outcome.REJECTED)]
+    applied = [SimpleNamespace(event_id="e1", outcome=ProjectionOutcome.APPLIED),
+               SimpleNamespace(event_id="", outcome=ProjectionOutcome.REJECTED),
+               SimpleNamespace(event_id="e2", outcome=ProjectionOutcome.REJECTED)]
     assert announcement(applied) == (ARCHIVED_CHANNEL, ["e1:APPLIED,e2:REJECTED"])
     assert ARCHIVED_CHANNEL == "event_archived"
 
@@ -158,9 +158,9 @@ class AnnouncingLog:
 
 async def test_an_acknowledged_append_answers_the_projectors_outcome_and_holds_reads_until_then():
     watch, freshness = ArchiveWatch("unused", pool=None), SessionFreshness(5)
-    log = AnnouncingLog(watch, freshness, Outcome.APPLIED)
+    log = AnnouncingLog(watch, freshness, ProjectionOutcome.APPLIED)
     answer = await append_and_wait(log, watch, freshness, event(EVENT_INGESTED, {}), SESSION, timeout=5)
-    assert answer == Outcome.APPLIED
+    assert answer == ProjectionOutcome.APPLIED
     assert log.pending_reads is True
     await asyncio.wait_for(freshness.wait(SESSION), 1)  # answered: nothing in flight any more
 
@@ -169,7 +169,8 @@ async def test_an_append_the_projector_set_aside_is_event_rejected():
     watch, freshness = ArchiveWatch("unused", pool=None), SessionFreshness(5)
     ev = event(EVENT_INGESTED, {})
     with pytest.raises(EventRejected) as err:
-        await append_and_wait(AnnouncingLog(watch, freshness, Outcome.REJECTED), watch, freshness, ev, SESSION,
+        await append_and_wait(AnnouncingLog(watch, freshness, ProjectionOutcome.REJECTED), watch, freshness, ev,
+                              SESSION,
                               timeout=5)
     assert err.value.reason == "EVENT_REJECTED"
     assert err.value.metadata == {"event_id": ev.event_id}

@@ -25,7 +25,7 @@ from context_engine.errors import FailedPrecondition, PermissionDenied, Unavaila
 from context_engine.events import EVENT_INGESTED, Event
 from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
-from projections import queries
+from projections.reads import sessions
 from streams.acknowledgement import EventRejected
 from streams.freshness import SessionFreshness
 from streams.log import LogPosition
@@ -39,21 +39,21 @@ class ReadModel:
     """The rows the commands read back: projected events and the archive, by event id."""
 
     def __init__(self) -> None:
-        self.events: dict[str, queries.SessionEvent] = {}
-        self.archived: dict[str, queries.ArchivedEvent] = {}
+        self.events: dict[str, sessions.SessionEvent] = {}
+        self.archived: dict[str, sessions.ArchivedEvent] = {}
 
     def project(self, ev: Event) -> None:
         """What APPLIED leaves: the archived event and its session_events row."""
         self.archive(ev)
         p = ev.payload
-        self.events[ev.event_id] = queries.SessionEvent(
+        self.events[ev.event_id] = sessions.SessionEvent(
             event_id=ev.event_id, org_id=ev.scope.org_id, session_id=p["session_id"], seq=len(self.events) + 1,
             scope_path=ev.scope.path, event_type=p["event_type"], content=base64.b64decode(p["content_b64"]),
             metadata=p["metadata"], content_sha256=p["content_sha256"], token_count=p["token_count"],
             version="v" * 64, occurred_at=NOW, active=True, idempotency_key=p.get("idempotency_key") or None)
 
     def archive(self, ev: Event) -> None:
-        self.archived[ev.event_id] = queries.ArchivedEvent(
+        self.archived[ev.event_id] = sessions.ArchivedEvent(
             event_id=ev.event_id, org_id=ev.scope.org_id, topic="t", partition=0, offset=0,
             aggregate=ev.aggregate, type=ev.type, schema_version=1, occurred_at=NOW, actor=ev.actor,
             content_hash=ev.content_hash, raw=ev.to_bytes(), archived_at=NOW)
@@ -70,9 +70,9 @@ class ReadModel:
                          and session_id in (None, e.session_id) and writer_scope_path in (None, e.scope_path)),
                         None)
 
-        monkeypatch.setattr(queries, "event_by_id", event_by_id)
-        monkeypatch.setattr(queries, "archived_event", archived_event)
-        monkeypatch.setattr(queries, "event_by_idempotency_key", event_by_idempotency_key)
+        monkeypatch.setattr(sessions, "event_by_id", event_by_id)
+        monkeypatch.setattr(sessions, "archived_event", archived_event)
+        monkeypatch.setattr(sessions, "event_by_idempotency_key", event_by_idempotency_key)
 
 
 class FakeConnection:

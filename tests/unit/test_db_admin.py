@@ -2,7 +2,7 @@
 
 import pytest
 
-from projections.db_admin import (
+from projections.store.admin import (
     create_database_sql,
     drop_database_sql,
     quote_identifier,

@@ -40,7 +40,7 @@ from context_engine.guardrails.trust import (
     trusted_fingerprints,
 )
 from entrypoints.serving.status import status_code_for
-from projections.guardrail_projection import REJECTED_UNTRUSTED_KEY, refuse_layers
+from projections.projector.guardrail_layers import REJECTED_UNTRUSTED_KEY, refuse_layers
 from projections.projector.rejections import is_infrastructure_failure
 
 

@@ -39,8 +39,7 @@ from context_engine.guardrails.signing import (
     verify_layer,
 )
 from context_engine.scope import Scope
-from projections.guardrail_queries import GuardrailLayerRow
-from projections.prompt_validation import (
+from projections.assembly.validation import (
     INJECTION_PATTERN,
     INJECTION_PATTERNS,
     LAYER_HASH_MISMATCH,
@@ -52,6 +51,7 @@ from projections.prompt_validation import (
     find_injection,
     validate_prompt,
 )
+from projections.reads.guardrail_layers import GuardrailLayerRow
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guardrails.md"
 

@@ -6,7 +6,7 @@ import pytest
 
 from context_engine.scope import Scope
 from projections.projector.job_requests import CompactSession, EmbedChunks, IndexSource, ScanMemory
-from projections.projector.outcome import Outcome
+from projections.projector.outcome import ProjectionOutcome
 from streams.jobs import job_message, open_envelope, open_indexing_job, open_pii_scan_job
 from upsquad.context.v1 import stream_pb2
 
@@ -36,5 +36,6 @@ def test_anything_else_is_no_job():
 
 
 def test_an_outcome_is_the_string_that_crosses_processes():
-    assert Outcome.APPLIED == "APPLIED" and f"{EVENT_ID}:{Outcome.OUT_OF_SCOPE}" == f"{EVENT_ID}:OUT_OF_SCOPE"
-    assert Outcome("REJECTED_STALE") is Outcome.REJECTED_STALE
+    assert ProjectionOutcome.APPLIED == "APPLIED"
+    assert f"{EVENT_ID}:{ProjectionOutcome.OUT_OF_SCOPE}" == f"{EVENT_ID}:OUT_OF_SCOPE"
+    assert ProjectionOutcome("REJECTED_STALE") is ProjectionOutcome.REJECTED_STALE

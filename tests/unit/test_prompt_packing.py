@@ -8,7 +8,7 @@ import pytest
 
 from context_engine.errors import InvalidArgument
 from inference.tokens import count_tokens
-from projections.prompt_packing import HEADINGS, SEPARATOR, VERBATIM, Block, BudgetError, pack, render
+from projections.assembly.packing import HEADINGS, SEPARATOR, VERBATIM, Block, BudgetError, pack, render
 
 
 def count(text: str) -> int:

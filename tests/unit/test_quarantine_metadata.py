@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from entrypoints.api.context_servicer import quarantine_metadata
-from projections.quarantined_matches import MAX_COUNTED, Quarantined
+from projections.reads.quarantined_matches import MAX_COUNTED, Quarantined
 
 LOAD_ERROR = ("DetectPII at 10.0.0.7:50052 failed with UNAVAILABLE: gliner-small-v2.1 is unavailable: weights "
               "could not be loaded (RuntimeError: Error(s) in loading state_dict:\n\tMissing key(s) \u00e9\x7f)")

@@ -13,7 +13,7 @@ from projections.retrieval import confidence_gate as gate
 from projections.retrieval import outcome as oc
 from projections.retrieval.fusion import ScoredCandidate
 from projections.retrieval.outcome import (
-    Outcome,
+    RetrievalOutcome,
     RetrievalResult,
     classify,
     outcome_name,
@@ -37,7 +37,7 @@ def hits(*scores):
 
 def test_no_results():
     r = classify([], 0.7, 10)
-    assert r.outcome is Outcome.NO_RESULTS
+    assert r.outcome is RetrievalOutcome.NO_RESULTS
     assert r.results == () and r.results_below_threshold == 0
     assert r.effective_min_score == 0.7 and r.candidates_total == 0
     assert r.confidence_score == 0.0 and r.top_score is None
@@ -45,14 +45,14 @@ def test_no_results():
 
 def test_below_threshold_every_candidate_under_the_floor():
     r = classify(hits(0.69, 0.2, 0.0), 0.7, 10)
-    assert r.outcome is Outcome.BELOW_THRESHOLD
+    assert r.outcome is RetrievalOutcome.BELOW_THRESHOLD
     assert r.results == () and r.results_below_threshold == 3 and r.candidates_total == 3
     assert r.outcome_name == "below_threshold"
 
 
 def test_ok_with_some_candidates_below_the_floor():
     r = classify(hits(0.9, 0.1, 0.75, 0.3), 0.7, 10)
-    assert r.outcome is Outcome.OK
+    assert r.outcome is RetrievalOutcome.OK
     assert [h.score for h in r.results] == [0.9, 0.75]
     assert r.results_below_threshold == 2  # a partial answer, named as OK
     assert r.confidence_score == pytest.approx((0.9 + 0.75) / 2)
@@ -70,7 +70,7 @@ def test_below_threshold_count_excludes_top_k_cuts():
     assert r.results_below_threshold == 2  # only the floor's victims, not the 3 top_k cut
     assert r.candidates_total == 7
     only_cut = classify(hits(0.9, 0.8, 0.75), 0.5, 1)
-    assert only_cut.outcome is Outcome.OK and only_cut.results_below_threshold == 0
+    assert only_cut.outcome is RetrievalOutcome.OK and only_cut.results_below_threshold == 0
 
 
 def test_sorted_by_score_desc_with_stable_chunk_id_tie_break():
@@ -94,18 +94,18 @@ def test_invariants_over_many_sets():
         assert len(r.results) == min(k, above)
         assert all(h.score >= floor for h in r.results)
         assert r.effective_min_score > 0
-        if r.outcome is Outcome.NO_RESULTS:
+        if r.outcome is RetrievalOutcome.NO_RESULTS:
             assert n == 0 and r.results_below_threshold == 0
-        elif r.outcome is Outcome.BELOW_THRESHOLD:
+        elif r.outcome is RetrievalOutcome.BELOW_THRESHOLD:
             assert n > 0 and above == 0 and r.results_below_threshold == n
         else:
-            assert r.outcome is Outcome.OK and r.results
+            assert r.outcome is RetrievalOutcome.OK and r.results
 
 
 def test_works_on_fused_candidates_and_validates_inputs():
     cands = [ScoredCandidate("a", 0.8, 0.8, 0.5, 1.0), ScoredCandidate("b", 0.4, 0.4, 0, 0)]
     r = classify(cands, 0.7, 10)
-    assert r.outcome is Outcome.OK and r.results[0].chunk_id == "a"
+    assert r.outcome is RetrievalOutcome.OK and r.results[0].chunk_id == "a"
     with pytest.raises(ValueError):
         classify(cands, 0.0, 10)  # a floor is never 0
     with pytest.raises(ValueError):
@@ -116,7 +116,7 @@ def test_works_on_fused_candidates_and_validates_inputs():
 
 def test_not_run_is_unspecified():
     r = RetrievalResult.not_run(0.7)
-    assert r.outcome is Outcome.UNSPECIFIED and r.results == () and r.effective_min_score == 0.7
+    assert r.outcome is RetrievalOutcome.UNSPECIFIED and r.results == () and r.effective_min_score == 0.7
     assert r.outcome_name == "unspecified"
 
 
@@ -126,20 +126,20 @@ def test_not_run_is_unspecified():
 def test_outcome_members_match_the_proto():
     pb = pytest.importorskip("upsquad.context.v1.context_pb2")
     proto = dict(pb.RetrievalOutcome.items())
-    assert {m.proto_name: int(m) for m in Outcome} == proto
+    assert {m.proto_name: int(m) for m in RetrievalOutcome} == proto
 
 
 def test_name_is_derived_by_stripping_the_prefix():
-    assert outcome_name(Outcome.BELOW_THRESHOLD) == "below_threshold"
+    assert outcome_name(RetrievalOutcome.BELOW_THRESHOLD) == "below_threshold"
     assert outcome_name("RETRIEVAL_OUTCOME_NO_RESULTS") == "no_results"
     assert outcome_name(1) == "ok"
-    assert oc.name(Outcome.DOCUMENT_REF_UNRESOLVED) == "document_ref_unresolved"
-    assert Outcome.NO_RESULTS.label == "no_results"
-    for m in Outcome:
+    assert oc.name(RetrievalOutcome.DOCUMENT_REF_UNRESOLVED) == "document_ref_unresolved"
+    assert RetrievalOutcome.NO_RESULTS.label == "no_results"
+    for m in RetrievalOutcome:
         assert outcome_name(m) == m.proto_name.removeprefix("RETRIEVAL_OUTCOME_").lower()
     with pytest.raises(ValueError):
         outcome_name("BELOW_THRESHOLD")
-    assert Outcome.UNSPECIFIED == 0  # the zero value is the safe-to-forget one
+    assert RetrievalOutcome.UNSPECIFIED == 0  # the zero value is the safe-to-forget one
 
 
 # ---------------------------------------------------------------- min_score / top_k
@@ -216,12 +216,12 @@ def test_retrieve_with_gate_runs_at_most_twice():
 
     res = gate.retrieve_with_gate(weak, 0.7)
     assert res.expansion_applied and len(calls) == 2 and calls[1].expanded
-    assert classify(res.candidates, 0.7, 10).outcome is Outcome.OK
+    assert classify(res.candidates, 0.7, 10).outcome is RetrievalOutcome.OK
 
     calls.clear()
     res = gate.retrieve_with_gate(lambda p: calls.append(p) or [], 0.7)  # still nothing
     assert res.expansion_applied and len(calls) == 2 and res.candidates == []
-    assert classify(res.candidates, 0.7, 10).outcome is Outcome.NO_RESULTS
+    assert classify(res.candidates, 0.7, 10).outcome is RetrievalOutcome.NO_RESULTS
 
     calls.clear()
     res = gate.retrieve_with_gate(lambda p: calls.append(p) or hits(0.9), 0.7)

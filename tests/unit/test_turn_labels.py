@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from projections.turn_labels import MAX_LABEL_CHARS, one_line, turn_time, with_speaker
+from projections.assembly.turn_labels import MAX_LABEL_CHARS, one_line, turn_time, with_speaker
 
 RECEIVED = dt.datetime(2026, 12, 3, 18, 5, 59, tzinfo=dt.timezone(dt.timedelta(hours=2)))
 

@@ -1,6 +1,6 @@
 """The running embedder's HNSW index: made for another dimension than the schema's, never for it."""
 
-from projections.vector_index import SCHEMA_DIMENSION, ensure_vector_index
+from projections.store.vector_index import SCHEMA_DIMENSION, ensure_vector_index
 
 
 class RecordingPool:

@@ -6,7 +6,7 @@ from context_engine import hashing
 from context_engine.events import Event, SessionRef, SessionRolledBack
 from context_engine.scope import Scope
 from projections.projector.version_chain import VersionChain
-from projections.statement_batch import StatementBatch
+from projections.store.statement_batch import StatementBatch
 
 OWNER = Scope("acme", "p", "t")
 

@@ -22,7 +22,7 @@ from context_engine.events import (
     SNAPSHOT_CREATED,
     Event,
 )
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 
 from ..outcome import Applied
 from . import compacted, compaction, embedding, guardrail, ingested, memory, rollback, share, snapshot

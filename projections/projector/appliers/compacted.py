@@ -33,9 +33,9 @@ from context_engine.events import Event, SessionCompacted
 from context_engine.hashing import sha256_hex
 from context_engine.visibility import may_rewrite
 from inference.tokens import count_tokens
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 
-from ..outcome import Applied, Outcome, applied
+from ..outcome import Applied, ProjectionOutcome, applied
 from ..rows import json_text
 from .compaction import close_request
 
@@ -77,21 +77,21 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     sid = body.session_id
     s = org.chain.sessions.get(sid) if isinstance(sid, str) else None
     if s is None:
-        return applied(rec, ev, Outcome.UNKNOWN_TARGET)
+        return applied(rec, ev, ProjectionOutcome.UNKNOWN_TARGET)
     if not may_rewrite(s.owner(org.org_id), ev.scope):
-        return applied(rec, ev, Outcome.OUT_OF_SCOPE)
+        return applied(rec, ev, ProjectionOutcome.OUT_OF_SCOPE)
     if s.version != body.base_version:
-        return applied(rec, ev, Outcome.STALE, sid)
+        return applied(rec, ev, ProjectionOutcome.STALE, sid)
     try:
         ids = sorted({uuid.UUID(i) for i in body.replaced})
     except ValueError:
-        return applied(rec, ev, Outcome.UNKNOWN_TARGET)
+        return applied(rec, ev, ProjectionOutcome.UNKNOWN_TARGET)
     await org.flush()
     rows = await org.conn.fetch(_REPLACED, org.org_id, sid, ids, s.scope_path)
     items = {r["item"]: r["item_seq"] for r in rows}
     lines = _lines(body, rows)
     if not ids or len(items) != len(ids) or lines is None:
-        return applied(rec, ev, Outcome.UNKNOWN_TARGET)
+        return applied(rec, ev, ProjectionOutcome.UNKNOWN_TARGET)
     seq, version = org.chain.append(s, ev, "event", replacing=len(items))
     for i, line in enumerate(lines):
         line_id = summary_line_id(ev.event_id, i)
@@ -120,7 +120,7 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
         org.org_id, ev.event_id, sid, ev.actor, body.strategy, body.summarizer, len(items), body.original_tokens,
         body.compacted_tokens, body.fact_retention_score, ev.occurred)
     await close_request(org, sid, ev, "compacted")
-    return applied(rec, ev, Outcome.APPLIED, sid, seq, version)
+    return applied(rec, ev, ProjectionOutcome.APPLIED, sid, seq, version)
 
 
 def _lines(body: SessionCompacted, rows: list[asyncpg.Record]) -> list[_Line] | None:

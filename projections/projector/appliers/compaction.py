@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from context_engine.events import CompactionRefused, CompactionThreshold, Event
 from context_engine.visibility import may_rewrite
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 
 from ..job_requests import CompactSession
-from ..outcome import Applied, Outcome, applied
+from ..outcome import Applied, ProjectionOutcome, applied
 
 if TYPE_CHECKING:
     from ..org_applier import OrgApplier
@@ -26,7 +26,7 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     sid = body.session_id
     s = org.chain.sessions.get(sid) if isinstance(sid, str) else None
     if s is None or not may_rewrite(s.owner(org.org_id), ev.scope):
-        return applied(rec, ev, Outcome.OUT_OF_SCOPE)  # only the owner scope's crossing asks for a compaction
+        return applied(rec, ev, ProjectionOutcome.OUT_OF_SCOPE)  # only the owner scope's crossing asks for a compaction
     if body.crossed:
         opened = await org.conn.fetchval(
             "INSERT INTO compaction_requests (org_id, session_id, opened_by, token_count, token_budget, opened_at) "
@@ -34,11 +34,11 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
             "ON CONFLICT (org_id, session_id) WHERE closed_by IS NULL DO NOTHING RETURNING opened_by",
             org.org_id, sid, ev.event_id, body.token_count, body.token_budget, ev.occurred)
         if opened is None:
-            return applied(rec, ev, Outcome.IGNORED)
+            return applied(rec, ev, ProjectionOutcome.IGNORED)
         job = CompactSession(ev.scope, sid, body.token_count, body.token_budget)
-        return applied(rec, ev, Outcome.APPLIED, sid, jobs=(job,))
+        return applied(rec, ev, ProjectionOutcome.APPLIED, sid, jobs=(job,))
     closed = await close_request(org, sid, ev, "below_threshold")
-    return applied(rec, ev, Outcome.APPLIED if closed else Outcome.IGNORED, sid)
+    return applied(rec, ev, ProjectionOutcome.APPLIED if closed else ProjectionOutcome.IGNORED, sid)
 
 
 async def apply_refused(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
@@ -49,13 +49,13 @@ async def apply_refused(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     sid = body.session_id
     s = org.chain.sessions.get(sid) if isinstance(sid, str) else None
     if s is None or not may_rewrite(s.owner(org.org_id), ev.scope):
-        return applied(rec, ev, Outcome.OUT_OF_SCOPE)
+        return applied(rec, ev, ProjectionOutcome.OUT_OF_SCOPE)
     closed = await org.conn.fetchval(
         "UPDATE compaction_requests SET closed_by = $3, closed_at = $4, closed_reason = 'refused', "
         "  refusal = $5, closed_version = $6 "
         "WHERE org_id = $1 AND session_id = $2 AND closed_by IS NULL AND opened_by::text = $7 RETURNING true",
         org.org_id, sid, ev.event_id, ev.occurred, body.reason[:64], body.at_version[:64], body.request)
-    return applied(rec, ev, Outcome.APPLIED if closed else Outcome.IGNORED, sid)
+    return applied(rec, ev, ProjectionOutcome.APPLIED if closed else ProjectionOutcome.IGNORED, sid)
 
 
 async def close_request(org: OrgApplier, session_id: str, ev: Event, reason: str) -> bool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from context_engine.events import EmbeddingRecorded, Event
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 
-from ..outcome import Applied, Outcome, applied
+from ..outcome import Applied, ProjectionOutcome, applied
 
 if TYPE_CHECKING:
     from ..org_applier import OrgApplier
@@ -17,4 +17,4 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     recorded = EmbeddingRecorded.from_payload(ev.payload)
     await org.chunks.record_vectors(event_id=ev.event_id, model_version=recorded.model_version,
                                     vectors=recorded.vectors, recorded_at=ev.occurred)
-    return applied(rec, ev, Outcome.APPLIED)
+    return applied(rec, ev, ProjectionOutcome.APPLIED)

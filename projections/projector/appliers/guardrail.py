@@ -1,12 +1,12 @@
-"""guardrail.published: a signed layer (projections/guardrail_projection.py decides)."""
+"""guardrail.published: a signed layer (projections/projector/guardrail_layers.py decides)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from context_engine.events import Event
-from projections.guardrail_projection import apply_guardrail_published
-from projections.records import LogRecord
+from projections.projector.guardrail_layers import apply_guardrail_published
+from projections.projector.records import LogRecord
 
 from ..outcome import Applied, applied
 

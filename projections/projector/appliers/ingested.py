@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 from context_engine.events import Event, EventIngested
 from context_engine.hashing import sha256_hex
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 
-from ..outcome import Applied, Outcome, applied, session_id_of
+from ..outcome import Applied, ProjectionOutcome, applied, session_id_of
 from ..rows import json_text
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def idempotency_key_of(ev: Event) -> str | None:
 async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     key = idempotency_key_of(ev)
     if key and (session_id_of(ev), ev.scope.path, key) in org.used_keys:
-        return applied(rec, ev, Outcome.IDEMPOTENCY_KEY_TAKEN)
+        return applied(rec, ev, ProjectionOutcome.IDEMPOTENCY_KEY_TAKEN)
     body = EventIngested.from_payload(ev.payload)
     content = body.content
     s = org.chain.session(body.session_id, ev)
@@ -45,7 +45,7 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
         body.token_count, version, ev.occurred, key, None, None))
     await org.chunks.add(event_id=ev.event_id, source_kind="event", session_id=s.session_id,
                          scope_path=sc.path, content=content, metadata=body.metadata, created_at=ev.occurred)
-    return applied(rec, ev, Outcome.APPLIED, s.session_id, seq, version)
+    return applied(rec, ev, ProjectionOutcome.APPLIED, s.session_id, seq, version)
 
 
 INSERT_SESSION_EVENTS = """

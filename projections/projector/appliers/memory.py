@@ -9,11 +9,11 @@ import orjson
 
 from context_engine.events import Event, MemoryPushed, MemoryScrubbed
 from context_engine.hashing import sha256_hex
-from projections.chunk_projection import SEMANTIC
-from projections.records import LogRecord
+from projections.projector.chunks import SEMANTIC
+from projections.projector.records import LogRecord
 
 from ..job_requests import ScanMemory
-from ..outcome import Applied, Outcome, applied
+from ..outcome import Applied, ProjectionOutcome, applied
 from ..rows import json_text
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ async def apply_pushed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
         ev.event_id, sc.path, sc.pillar_id, sc.team_id, sc.agent_id, pushed.agent_id or sc.agent_id, sid, seq,
         pushed.memory_type, content, json_text(pushed.metadata), pushed.content_sha256 or sha256_hex(content),
         version, ev.occurred))
-    return applied(rec, ev, Outcome.APPLIED, sid, seq, version, jobs=(ScanMemory(ev.scope, ev.event_id),))
+    return applied(rec, ev, ProjectionOutcome.APPLIED, sid, seq, version, jobs=(ScanMemory(ev.scope, ev.event_id),))
 
 
 async def apply_scrubbed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
@@ -55,14 +55,14 @@ async def apply_scrubbed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
         org.org_id, uuid.UUID(body.memory_event_id), content, status, json_text(body.spans_by_class),
         body.detector_version, body.fallback_reason, ev.event_id)
     if row is None:
-        return applied(rec, ev, Outcome.UNKNOWN_TARGET)
+        return applied(rec, ev, ProjectionOutcome.UNKNOWN_TARGET)
     if row["memory_type"] == SEMANTIC:
         await org.chunks.remove_source(body.memory_event_id)
         await org.chunks.add(event_id=body.memory_event_id, source_kind="memory",
                              session_id=row["session_id"], scope_path=row["scope_path"], content=content,
                              metadata=orjson.loads(row["metadata"]), created_at=row["created_at"],
                              pii_status=status, active=row["active"], added_by=ev.event_id)
-    return applied(rec, ev, Outcome.APPLIED, row["session_id"])
+    return applied(rec, ev, ProjectionOutcome.APPLIED, row["session_id"])
 
 
 INSERT_MEMORY_VERSIONS = """

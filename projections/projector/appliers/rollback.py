@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from context_engine.events import Event, SessionRolledBack
 from context_engine.visibility import may_rewrite
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 
-from ..outcome import Applied, Outcome, applied
+from ..outcome import Applied, ProjectionOutcome, applied
 from ..rows import columns
 from .compaction import close_request
 
@@ -34,15 +34,15 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     sid, target = body.session_id, body.target_version
     s = org.chain.sessions.get(sid) if isinstance(sid, str) else None
     if s is None or not isinstance(target, str):
-        return applied(rec, ev, Outcome.UNKNOWN_TARGET)
+        return applied(rec, ev, ProjectionOutcome.UNKNOWN_TARGET)
     if not may_rewrite(s.owner(org.org_id), ev.scope):
-        return applied(rec, ev, Outcome.OUT_OF_SCOPE)
+        return applied(rec, ev, ProjectionOutcome.OUT_OF_SCOPE)
     await org.flush()
     row = await org.conn.fetchrow(
         "SELECT seq, depth FROM session_versions WHERE org_id = $1 AND session_id = $2 AND version = $3",
         org.org_id, sid, target)
     if row is None:
-        return applied(rec, ev, Outcome.UNKNOWN_TARGET)
+        return applied(rec, ev, ProjectionOutcome.UNKNOWN_TARGET)
     changed = await org.conn.fetch(_ROLLBACK, org.org_id, sid, row["seq"], ev.event_id)
     for kind, table, key in (("event", "session_events", "event_id"), ("event", "session_events", "summary_of"),
                              ("memory", "memory_versions", "event_id")):
@@ -58,7 +58,7 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
         await org.chunks.set_active([(r["source"], r["on_path"]) for r in on_path])
     org.chain.rolled_back(s, ev, target, row["seq"], row["depth"])
     await close_request(org, sid, ev, "rolled_back")  # the history it measured is gone
-    return applied(rec, ev, Outcome.APPLIED, sid, s.seq, s.version)
+    return applied(rec, ev, ProjectionOutcome.APPLIED, sid, s.seq, s.version)
 
 
 # The state of version V = the items on V's chain back to genesis (prev_seq links) but those a

@@ -10,9 +10,9 @@ import uuid
 from typing import TYPE_CHECKING
 
 from context_engine.events import Event, SessionRef, SnapshotCreated
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 
-from ..outcome import Applied, Outcome, applied
+from ..outcome import Applied, ProjectionOutcome, applied
 from ..rows import json_text
 
 if TYPE_CHECKING:
@@ -46,5 +46,5 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
         snapshot_id, org.org_id, sid, name, version, seq, json_text(state), ev.event_id,
         ev.occurred, ev.actor, ev.scope.path)
     if won is None:
-        return applied(rec, ev, Outcome.SNAPSHOT_NAME_TAKEN, sid)
-    return applied(rec, ev, Outcome.APPLIED, sid, seq, version)
+        return applied(rec, ev, ProjectionOutcome.SNAPSHOT_NAME_TAKEN, sid)
+    return applied(rec, ev, ProjectionOutcome.APPLIED, sid, seq, version)

@@ -11,7 +11,7 @@ Layout (ARCHITECTURE.md section 8), blocks separated by a blank line:
 
 The stable prefix ends with the separator, so its bytes are the same whatever tail follows it.
 Sections with no block are left out with their heading. In the tail a turn carries its time
-(`Block.time`, projections/turn_labels.py): `[time]` opens the first turn of each run of turns
+(`Block.time`, projections/assembly/turn_labels.py): `[time]` opens the first turn of each run of turns
 with the same time label, so a conversation reads as dated runs of `speaker: text` lines.
 
 Budget (tokens of the whole prompt with the target model's encoding), by priority:
@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from context_engine.errors import InvalidArgument
-from projections.turn_labels import header
+from projections.assembly.turn_labels import header
 
 SEPARATOR = "\n\n"
 HEADINGS = {

@@ -20,10 +20,11 @@ import orjson
 from context_engine.errors import FailedPrecondition, InvalidArgument, NotFound
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
-from projections import queries, turn_labels
-from projections.guardrail_queries import current_layers
-from projections.prompt_packing import Block
-from projections.share_grants import held_sql
+from projections.assembly import turn_labels
+from projections.assembly.packing import Block
+from projections.reads import sessions
+from projections.reads.guardrail_layers import current_layers
+from projections.reads.share_grants import held_sql
 
 PINNED_HINT = "pinned_chunk_ids"
 MUST_INCLUDE_HINT = "must_include"
@@ -45,9 +46,9 @@ class SessionReads:
 
 
 async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, *,
-                       authorize: Callable[[queries.Session], object], trusted: Collection[str],
+                       authorize: Callable[[sessions.Session], object], trusted: Collection[str],
                        pinned_ids: Sequence[str], required_keys: Sequence[str], window: int, read_tokens: int,
-                       scanned: Callable[[queries.MemoryVersion], Awaitable[queries.MemoryVersion]]) -> SessionReads:
+                       scanned: Callable[[sessions.MemoryVersion], Awaitable[sessions.MemoryVersion]]) -> SessionReads:
     """Layers, pinned and required blocks, the history window (newest first, only the turns whose
     newer turns hold at most `read_tokens` stored tokens), the session's active tokens (all, and
     those the caller sees) and whether a compaction request is open, on `conn`'s transaction.
@@ -56,7 +57,7 @@ async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, 
     refuse it); `trusted` are the guardrail key fingerprints trusted now; `scanned` waits for a
     pending memory's PII scan."""
     org, visible = scope.org_id, Visibility.of(scope)
-    session = await queries.get_session(conn, org, session_id)
+    session = await sessions.get_session(conn, org, session_id)
     if session is not None:
         authorize(session)
     layers = [Block("layer", r.content, key=f"L{r.level}") for r in await current_layers(conn, scope, trusted=trusted)]
@@ -125,7 +126,7 @@ def _history_blocks(rows) -> list[Block]:
 
 
 def _turn(kind: str, row, key: str) -> Block:
-    """A session event as a prompt block: its speaker and time (projections/turn_labels.py). A
+    """A session event as a prompt block: its speaker and time (projections/assembly/turn_labels.py). A
     compaction summary's line is dated as the turn it stands for, and says it is a summary."""
     metadata = _metadata(row["metadata"])
     time = turn_labels.turn_time(metadata, row["occurred_at"])
@@ -195,7 +196,7 @@ def _pinned_block(row) -> Block:
 
 
 async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_id: str, visible: Visibility,
-                    key: str, scanned: Callable[[queries.MemoryVersion], Awaitable[queries.MemoryVersion]]) -> Block:
+                    key: str, scanned: Callable[[sessions.MemoryVersion], Awaitable[sessions.MemoryVersion]]) -> Block:
     field_name = f"hints.{MUST_INCLUDE_HINT}"
     if key.startswith("event:"):
         event_id = key.split(":", 1)[1]
@@ -208,7 +209,7 @@ async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_i
             raise NotFound(f"{field_name}: {key!r}: no such active event in session {session_id!r}",
                            reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
         return _turn("required", row, key)
-    memory = await queries.latest_memory(conn, org, agent_id, session_id, visible, memory_type=key)
+    memory = await sessions.latest_memory(conn, org, agent_id, session_id, visible, memory_type=key)
     if memory is None:
         raise NotFound(f"{field_name}: {key!r}: agent {agent_id!r} has no {key} memory in session {session_id!r}",
                        reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})

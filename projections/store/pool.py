@@ -66,7 +66,7 @@ async def create_pool(url: str | None, *, org_scoped: bool = True, min_size: int
             await pool.close()
             raise DatabaseRoleError(
                 f"role {row['name']!r} bypasses row-level security; the API must connect as the "
-                "app role (projections.migrate.app_url)")
+                "app role (projections.store.migrations.app_url)")
     return pool
 
 

@@ -3,7 +3,7 @@
 -- for 294 neighbours ~7 % faster, and the neighbours found the same share of the exact ones.
 -- Only the graph is approximate: the vectors stay float32, and a candidate's cosine is computed
 -- on them. Every embedder L2-normalises its vectors (inference/embedder.py), so each component is
--- within half precision's range. Searches order by `embedding::halfvec(N) <=> query::halfvec(N)` (projections/search.py).
+-- within half precision's range. Searches order by `embedding::halfvec(N) <=> query::halfvec(N)` (projections/reads/search.py).
 CREATE OR REPLACE FUNCTION ensure_vector_index(dims integer) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN

@@ -1,6 +1,6 @@
 """PullContext's reads (commands/pull_context.py): an agent's latest memory, or the memory a
 named snapshot holds, and the wait for a pending version's PII scan. SQL through
-projections.queries, no protobuf."""
+projections.reads.sessions, no protobuf."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import asyncpg
 from context_engine.errors import NotFound, Unavailable
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility
-from projections import queries
-from projections.database import org_transaction
+from projections.reads import sessions as queries
+from projections.store.pool import org_transaction
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from concurrent.futures import Executor
 import asyncpg
 import orjson
 
-from projections.chunk_projection import ChunkProjection, analysed_chunks
+from projections.projector.chunks import ChunkProjection, analysed_chunks
 
 # Per source kind: its table, key, creation time and PII state.
 _SOURCES = {

@@ -1,5 +1,5 @@
 -- The audit trail (issue #21): one row per AuditAccessEvent of the audit:access stream, written by
--- the worker's audit-writer (projections/audit_log.py), idempotent on the stream's message_id. A
+-- the worker's audit-writer (projections/projector/audit_rows.py), idempotent on the stream's message_id. A
 -- row is never updated or deleted by the engine; consuming the stream again gives the same rows
 -- (recorded_at aside). The actor is the caller's scope; its org owns the row.
 CREATE TABLE audit_access (

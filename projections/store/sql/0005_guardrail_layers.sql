@@ -1,8 +1,8 @@
 -- Guardrail layers L1-L4 (ARCHITECTURE.md section 8; docs/guardrails.md).
 --
--- Written only by the projection of `guardrail.published` (projections/guardrail_projection.py),
+-- Written only by the projection of `guardrail.published` (projections/projector/guardrail_layers.py),
 -- read by ResolveGuardrailLayers, ValidatePrompt and AssembleContext
--- (projections/guardrail_queries.py).
+-- (projections/reads/guardrail_layers.py).
 --
 -- guardrail_layers      every accepted version of every layer, never updated or deleted. Per
 --                       (org_id, scope_path, level) the versions are 1, 2, 3 ... in log order

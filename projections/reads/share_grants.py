@@ -1,5 +1,5 @@
-"""Share grants: the projection of share.created / share.revoked, and the reads of the grants
-(commands/create_share.py, revoke_share.py, list_shares.py; the share-aware reads).
+"""The reads of share grants (commands/create_share.py, revoke_share.py, list_shares.py; the
+share-aware reads); projections/projector/appliers/share.py writes them.
 
 A resource can be shared by a scope that sees it by ownership (context_engine/visibility.py):
 a chunk or a snapshot owned at the grantor's scope or an ancestor's, a guardrail layer of the
@@ -22,14 +22,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from context_engine.events import Event, ShareCreated, ShareRevoked
-from context_engine.scope import LEVELS
 from context_engine.visibility import Visibility
-from projections.projector.outcome import Outcome
-
-RESOURCE_TYPES = ("chunk", "snapshot", "layer")
-PERMISSIONS = ("read", "use_in_assembly")
-MAX_REASON = 1024  # characters of a grant's or a revocation's audit annotation
 
 # Each resource type's table and id column: where a grant's resource and its owner are.
 _RESOURCE_TABLES = {"chunk": ("chunks", "chunk_id"), "snapshot": ("snapshots", "snapshot_id"),
@@ -51,46 +44,6 @@ _SHAREABLE = f"SELECT {_by_type('$3::text', 'scope_path = ANY($4::text[])')}"
 async def shareable(conn: asyncpg.Connection, org_id: str, resource_type: str, resource_id: str,
                     grantor: Visibility) -> bool:
     return bool(await conn.fetchval(_SHAREABLE, org_id, uuid.UUID(resource_id), resource_type, grantor.sql_paths))
-
-
-def _well_formed(body: ShareCreated) -> None:
-    """ValueError for a payload no handler writes (the record is set aside)."""
-    depth = len(body.grantee_path.split("/"))
-    if (body.resource_type not in RESOURCE_TYPES or not body.permissions
-            or not set(body.permissions) <= set(PERMISSIONS) or body.grantee_scope not in LEVELS
-            or depth != LEVELS.index(body.grantee_scope) + 1):
-        raise ValueError("share.created: resource_type, permissions or grantee out of range")
-
-
-async def apply_share_created(conn: asyncpg.Connection, org_id: str, ev: Event) -> Outcome:
-    body = ev.body
-    assert isinstance(body, ShareCreated)
-    _well_formed(body)
-    if ev.scope.org_id != org_id or body.grantee_path.split("/", 1)[0] != org_id:
-        return Outcome.OUT_OF_SCOPE
-    inserted = await conn.fetchval(
-        "INSERT INTO share_grants (org_id, share_id, resource_type, resource_id, grantor_path, created_by, "
-        "  grantee_scope, grantee_path, permissions, reason, created_at, event_id) "
-        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) "
-        "ON CONFLICT (org_id, share_id) DO NOTHING RETURNING true",
-        org_id, uuid.UUID(body.share_id), body.resource_type, uuid.UUID(body.resource_id), ev.scope.path,
-        ev.actor, body.grantee_scope, body.grantee_path, list(body.permissions), body.reason, ev.occurred,
-        uuid.UUID(ev.event_id))
-    return Outcome.APPLIED if inserted else Outcome.DUPLICATE
-
-
-async def apply_share_revoked(conn: asyncpg.Connection, org_id: str, ev: Event) -> Outcome:
-    """The first revocation of a live grant ends it; a later one changes nothing (IGNORED)."""
-    body = ev.body
-    assert isinstance(body, ShareRevoked)
-    status = await conn.fetchval(
-        "WITH g AS (SELECT revoked_at FROM share_grants WHERE org_id = $1 AND share_id = $2), "
-        "u AS (UPDATE share_grants SET revoked_at = $3, revoked_by = $4, revoke_reason = $5, revoked_event_id = $6 "
-        "      WHERE org_id = $1 AND share_id = $2 AND revoked_at IS NULL RETURNING 1) "
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM u) THEN 'revoked' "
-        "            WHEN EXISTS (SELECT 1 FROM g) THEN 'already' ELSE 'unknown' END",
-        org_id, uuid.UUID(body.share_id), ev.occurred, ev.actor, body.reason, uuid.UUID(ev.event_id))
-    return {"revoked": Outcome.APPLIED, "already": Outcome.IGNORED}.get(status, Outcome.UNKNOWN_TARGET)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 -- Sources whose content is longer than chunk_projection.INLINE_INDEX_BYTES: the projector writes
 -- the source and this request in its transaction, and the worker's chunk indexer cuts the chunks
--- after the commit (projections/deferred_indexing.py), so one long content does not hold up the
+-- after the commit (projections/projector/deferred_indexing.py), so one long content does not hold up the
 -- acknowledgement of every event batched with it. Done requests are deleted with the chunks'
 -- commit; a request left by a crash is found by the worker's sweep; one that failed 5 times stays,
 -- with its last error, and is tried no more (the source's content stays unretrievable).

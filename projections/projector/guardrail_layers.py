@@ -55,19 +55,19 @@ from context_engine.guardrails.signing import (
 )
 from context_engine.guardrails.trust import configured_trusted_fingerprints
 from context_engine.metrics import GUARDRAIL_LAYERS_REFUSED
-from projections.database import set_config_sql
-from projections.guardrail_queries import GuardrailLayerRow, published_layer
-from projections.projector.outcome import Outcome
+from projections.projector.outcome import ProjectionOutcome
+from projections.reads.guardrail_layers import GuardrailLayerRow, published_layer
+from projections.store.pool import set_config_sql
 
 log = structlog.get_logger("context_engine.guardrails")
 
-APPLIED = Outcome.APPLIED
-DUPLICATE = Outcome.DUPLICATE
-REJECTED_MALFORMED = Outcome.REJECTED_MALFORMED
-REJECTED_SCOPE = Outcome.REJECTED_SCOPE
-REJECTED_BAD_SIGNATURE = Outcome.REJECTED_BAD_SIGNATURE
-REJECTED_UNTRUSTED_KEY = Outcome.REJECTED_UNTRUSTED_KEY
-REJECTED_STALE = Outcome.REJECTED_STALE
+APPLIED = ProjectionOutcome.APPLIED
+DUPLICATE = ProjectionOutcome.DUPLICATE
+REJECTED_MALFORMED = ProjectionOutcome.REJECTED_MALFORMED
+REJECTED_SCOPE = ProjectionOutcome.REJECTED_SCOPE
+REJECTED_BAD_SIGNATURE = ProjectionOutcome.REJECTED_BAD_SIGNATURE
+REJECTED_UNTRUSTED_KEY = ProjectionOutcome.REJECTED_UNTRUSTED_KEY
+REJECTED_STALE = ProjectionOutcome.REJECTED_STALE
 REJECTED = frozenset({REJECTED_MALFORMED, REJECTED_SCOPE, REJECTED_BAD_SIGNATURE,
                       REJECTED_UNTRUSTED_KEY, REJECTED_STALE})
 
@@ -87,7 +87,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    outcome: Outcome  # one of REJECTED
+    outcome: ProjectionOutcome  # one of REJECTED
     detail: str
 
 
@@ -162,7 +162,7 @@ async def refuse_layers(conn: asyncpg.Connection, org_id: str, events: Sequence[
 
 
 async def apply_guardrail_published(conn: asyncpg.Connection, org_id: str, event: Event, *,
-                                    trusted: Collection[str] | None = None) -> Outcome:
+                                    trusted: Collection[str] | None = None) -> ProjectionOutcome:
     """Project one guardrail.published event (see the module docstring for the outcomes). A
     refused event writes nothing here either. `trusted`: as for refuse_layers."""
     if event.type != GUARDRAIL_PUBLISHED:

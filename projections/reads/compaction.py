@@ -4,7 +4,7 @@ the worker's refusal)
 and the applied compactions `context-engine stats compaction` reports (`compactions`).
 
 Each function takes a connection on which the caller has set `app.org_id` for this transaction
-(`projections.database.org_transaction`), or a pool for reports; reads across orgs run under '_system'.
+(`projections.store.pool.org_transaction`), or a pool for reports; reads across orgs run under '_system'.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from projections.database import SYSTEM_ORG, org_transaction
+from projections.store.pool import SYSTEM_ORG, org_transaction
 
 # The actor of the compactions the worker writes (the RPC's are the caller's subject).
 WORKER_ACTOR = "compaction-worker"

@@ -1,7 +1,7 @@
 """Reads of the session read models, for the gRPC layer. SQL only, no protobuf.
 
 Every function takes a connection on which the caller has already set `app.org_id` for this
-transaction (`projections.database.org_transaction`), and ALSO filters on org_id itself: row-level
+transaction (`projections.store.pool.org_transaction`), and ALSO filters on org_id itself: row-level
 security is the backstop, the explicit predicate keeps the indexes in use and the intent visible.
 jsonb values come back as Python objects whether or not the connection has the jsonb codec.
 """
@@ -19,7 +19,7 @@ import orjson
 
 from context_engine.events import Event, decode
 from context_engine.visibility import Visibility
-from projections.share_grants import held_sql
+from projections.reads.share_grants import held_sql
 
 
 def _json(value: Any) -> Any:

@@ -2,7 +2,7 @@
 the operator command. SQL only, no protobuf.
 
 Every function takes a connection inside a transaction whose `app.org_id` is the caller's org
-(`projections.database.org_transaction(pool, scope.org_id)`). A caller's layers are those of its
+(`projections.store.pool.org_transaction(pool, scope.org_id)`). A caller's layers are those of its
 chain (`guardrails.signing.chain_scopes`): L1 of the platform (readable by every org through the
 platform_layers_readable policy), L2 of its org, L3 of its team, L4 of itself. The queries name
 exactly those owners, so another team's or agent's layer is never returned even though RLS, which

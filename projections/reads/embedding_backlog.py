@@ -2,7 +2,7 @@
 and the vectors already recorded for a content (`content_vectors`, the dedup by content hash).
 
 Each function takes a connection on which the caller has set `app.org_id` for this transaction
-(`projections.database.org_transaction`); the backlog is read under '_system'.
+(`projections.store.pool.org_transaction`); the backlog is read under '_system'.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 scanner's backlog and what a rescan asks for and follows.
 
 Each function takes a connection on which the caller has set `app.org_id` for this transaction
-(`projections.database.org_transaction`); reads across orgs run under '_system'.
+(`projections.store.pool.org_transaction`); reads across orgs run under '_system'.
 """
 
 from __future__ import annotations

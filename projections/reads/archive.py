@@ -3,7 +3,7 @@
 scanner, restore, replay and verify read.
 
 The archive's reads across orgs (restore, replay, verify) run on an admin connection; the PII
-scanner's on one whose transaction has `app.org_id` set (`projections.database.org_transaction`).
+scanner's on one whose transaction has `app.org_id` set (`projections.store.pool.org_transaction`).
 A cursor lives in a transaction: the caller of `archived_records` and `archived_partition`
 holds one open while it iterates.
 """
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 
-from projections.records import LogRecord
+from projections.projector.records import LogRecord
 
 
 async def archived_raw(conn: asyncpg.Connection, org_id: str, event_id: str) -> bytes | None:

@@ -1,7 +1,7 @@
 """What a replay does to the database around `apply_batch` while it is the only writer of an
 empty one (streams/replay.py): the indexes it builds once after the last event instead of
 maintaining row by row, and each org's vectors and retrieval statistics set in one pass at the
-end (`projections/chunk_projection.py` keeps both row by row on the live path). All on the
+end (`projections/projector/chunks.py` keeps both row by row on the live path). All on the
 replay's one admin connection.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from projections.chunk_projection import assign_recorded_vectors, recount_statistics
+from projections.projector.chunks import assign_recorded_vectors, recount_statistics
 
 
 async def role_may_copy(conn: asyncpg.Connection) -> bool:

@@ -1,7 +1,7 @@
 """The chunks' HNSW index for the running embedder's dimension.
 
 pgvector indexes one fixed dimension, so `chunks` has one partial HNSW index per dimension. The
-default embedder's (384) comes with the schema (projections/sql/0003_retrieval.sql); another
+default embedder's (384) comes with the schema (projections/store/sql/0003_retrieval.sql); another
 dimension (a configured OpenAI-compatible model, e.g. 1536) gets its index when the worker
 first embeds with it, through the SQL function `ensure_vector_index` (CREATE INDEX IF NOT EXISTS).
 """

@@ -49,8 +49,8 @@ from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 from inference.query_vectors import QueryVectors
 from inference.text_analysis import analyze
-from projections.database import org_transaction
-from projections.quarantined_matches import Quarantined, quarantined_matches
+from projections.reads.quarantined_matches import Quarantined, quarantined_matches
+from projections.reads.share_grants import held_sql
 from projections.retrieval.bm25 import CorpusStats, idf_sql, minimum_should_match, query_idf_mass, term_score_sql
 from projections.retrieval.confidence_gate import Pool, retrieve_with_gate_async
 from projections.retrieval.fusion import HYBRID, ScoredCandidate, bm25_sql, cosine_sql, recency_sql
@@ -63,7 +63,7 @@ from projections.retrieval.recipe import (
     POOL_PER_RESULT,
     POSTINGS_PER_TERM,
 )
-from projections.share_grants import held_sql
+from projections.store.pool import org_transaction
 
 MAX_QUERY_BYTES = 16 * 1024
 MAX_DOMAIN_CHARS = 128
@@ -110,7 +110,7 @@ class SearchOutcome:
     expansion_applied: bool
     model_version: str
     shared: dict[str, str] = field(default_factory=dict)  # result chunk id -> the share it came through
-    quarantined: Quarantined = Quarantined(0)  # matches held back (projections/quarantined_matches.py)
+    quarantined: Quarantined = Quarantined(0)  # matches held back (projections/reads/quarantined_matches.py)
 
     def share_of(self, chunk_id: str) -> str:
         """The share a result came through, or "" for a chunk the caller sees by ownership."""

@@ -3,7 +3,7 @@ chain order with the version it made, whether it is in the current state, and wh
 so a RollbackContext target can be found (`context-engine history`).
 
 Takes a connection on which the caller has set `app.org_id` for this transaction
-(`projections.database.org_transaction`).
+(`projections.store.pool.org_transaction`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from projections.database import SYSTEM_ORG, org_transaction
+from projections.store.pool import SYSTEM_ORG, org_transaction
 
 
 @dataclass(frozen=True)

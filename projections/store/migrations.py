@@ -1,12 +1,12 @@
 """Versioned SQL migrations, applied idempotently at start-up, and the API's database role.
 
-Files `projections/sql/NNNN_name.sql` are applied in version order, each in its own
+Files `projections/store/sql/NNNN_name.sql` are applied in version order, each in its own
 transaction, and recorded in `schema_migrations(version, checksum, applied_at)`. A file whose
 checksum differs from the one recorded when it was applied is refused: applied migrations are
 immutable, a change is a new file. Everything runs under a transaction-independent advisory
 lock, so replicas starting together apply each file exactly once.
 
-Roles (see also projections/database.py):
+Roles (see also projections/store/pool.py):
 - The *admin* role (the URL given to `migrate`) owns the schema. The projection worker connects
   with it too; it sets `app.org_id` per org anyway, so it works whether or not the admin role
   bypasses row-level security.
@@ -32,7 +32,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
 
-from projections.db_admin import ensure_role, quote_identifier, set_password
+from projections.store.admin import ensure_role, quote_identifier, set_password
 
 MIGRATIONS_DIR = Path(__file__).parent / "sql"
 API_GROUP_ROLE = "context_engine_api"

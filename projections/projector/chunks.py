@@ -2,7 +2,7 @@
 
 Driven by the session projector (projections/projector/org_applier.py) inside its transaction, so the
 chunks of a content up to INLINE_INDEX_BYTES appear atomically with the event that produced them
-(a longer content's after the commit: projections/deferred_indexing.py), and replay rebuilds them
+(a longer content's after the commit: projections/projector/deferred_indexing.py), and replay rebuilds them
 the same way:
 
 - `session.event_ingested` -> the event's chunks (every event type);
@@ -48,7 +48,7 @@ from pgvector import Vector
 from context_engine.validation import MAX_LABEL, refused_character
 from projections.retrieval.bm25 import K1, B, DocumentTerms, term_frequencies
 from projections.retrieval.chunking import Chunk, chunk_content, summary_line_chunk
-from projections.statement_batch import NOTHING, StatementBatch
+from projections.store.statement_batch import NOTHING, StatementBatch
 
 SEMANTIC = "semantic"
 DOMAIN_KEY = "domain"
@@ -139,7 +139,7 @@ class ChunkProjection:
         self.org_id = org_id
         self.bulk = bulk
         # Live, a content longer than INLINE_INDEX_BYTES is indexed after the batch's commit
-        # (projections/deferred_indexing.py); a bulk load indexes everything in place.
+        # (projections/projector/deferred_indexing.py); a bulk load indexes everything in place.
         self.defer_long = defer_long and bulk is None
         self.deferred: dict[str, tuple[str, str]] = {}  # source -> (kind, the event that asked)
         self.requested: dict[str, list[str]] = {}  # event that asked -> the sources to index
