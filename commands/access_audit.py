@@ -12,7 +12,7 @@ from context_engine.auth import Principal
 from context_engine.visibility import Visibility
 from projections.reads import share_grants
 from projections.store.pool import org_transaction
-from streams.audit import AccessAttempt
+from streams.access_attempts import AccessAttempt
 
 if TYPE_CHECKING:
     from commands.deps import Deps

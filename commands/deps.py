@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from commands.session_access import SessionOwners
+from commands.session_owners import SessionOwners
 from commands.write_budget import WriteBudget
 from context_engine.config import Settings
 from context_engine.events import Event, SessionRef
@@ -15,8 +15,8 @@ from inference.embedder import Embedder
 from inference.query_vectors import QueryVectors
 from inference.summarizers import Summarizer
 from inference.summarizers.extractive import ExtractiveSummarizer
+from streams.access_attempts import AuditTrail, RecordedAudit
 from streams.acknowledgement import ArchiveWatch, append_and_wait
-from streams.audit import AuditTrail, RecordedAudit
 from streams.freshness import SessionFreshness
 from streams.log import EventLog
 

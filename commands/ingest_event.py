@@ -18,7 +18,8 @@ import asyncio
 from dataclasses import dataclass
 
 from commands.deps import Deps
-from commands.session_access import refused_write, require_writable, session_claimed_elsewhere
+from commands.session_access import refused_write, require_writable
+from commands.session_owners import session_claimed_elsewhere
 from commands.write_budget import write_bytes
 from context_engine import validation
 from context_engine.auth import Principal

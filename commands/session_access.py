@@ -5,21 +5,15 @@ Siblings and other branches may not, whatever ids they send."""
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
-
-import asyncpg
 
 from commands import access_audit
+from commands.session_owners import owner_scope, session_claimed_elsewhere
 from context_engine.errors import NotFound, PermissionDenied
 from context_engine.events import SessionRef
 from context_engine.scope import Scope
 from context_engine.visibility import Visibility, may_rewrite
 from projections.reads import sessions
 from projections.store.pool import org_transaction
-
-
-def owner_scope(session) -> Scope:
-    return Scope.from_path(session.scope_path)
 
 
 def require_readable(session, caller: Scope, session_id: str):
@@ -42,11 +36,6 @@ def require_rewritable(session, caller: Scope, session_id: str):
             "roll it back or compact it (either changes what every scope in the session sees)",
             reason="NOT_SESSION_OWNER", metadata={"field": "session_id"})
     return session
-
-
-def session_claimed_elsewhere(session_id: str) -> PermissionDenied:
-    return PermissionDenied(f"session {session_id!r} belongs to another scope",
-                            reason="SESSION_OUT_OF_SCOPE", metadata={"field": "session_id"})
 
 
 def refused_write(deps, principal, session_id: str, operation: str) -> PermissionDenied:
@@ -81,32 +70,3 @@ async def visible_session(deps, principal, session_id: str, operation: str, *, r
                                     "not_visible" if isinstance(exc, NotFound) else exc.reason.lower())
             raise
         yield conn, checked
-
-
-class SessionOwners:
-    """Owner scope per session, remembered: a session's owner never changes once its first
-    event is projected, so the write path checks it without a database round trip."""
-
-    def __init__(self, pool: asyncpg.Pool, capacity: int = 100_000) -> None:
-        self._pool = pool
-        self._capacity = capacity
-        self._known: OrderedDict[SessionRef, Scope] = OrderedDict()
-
-    async def owner(self, org_id: str, session_id: str) -> Scope | None:
-        key = SessionRef(org_id, session_id)
-        if (scope := self._known.get(key)) is not None:
-            self._known.move_to_end(key)
-            return scope
-        async with org_transaction(self._pool, org_id, readonly=True) as conn:
-            session = await sessions.get_session(conn, org_id, session_id)
-        if session is None:  # not created yet: the projector settles who creates it
-            return None
-        scope = self._known[key] = owner_scope(session)
-        if len(self._known) > self._capacity:
-            self._known.popitem(last=False)
-        return scope
-
-    async def require_writable(self, caller: Scope, session_id: str) -> None:
-        owner = await self.owner(caller.org_id, session_id)
-        if owner is not None and not caller.is_within(owner):
-            raise session_claimed_elsewhere(session_id)

@@ -1,7 +1,8 @@
-"""`python -m context_engine`: the `context-engine` command (entrypoints/__main__.py). The door
-only; nothing of the kernel imports the faces."""
+"""`python -m context_engine`: runs `python -m entrypoints`, the `context-engine` command
+(entrypoints/__main__.py). A door that hands over by name: nothing of the kernel imports the
+faces of the engine."""
 
-from entrypoints.__main__ import main
+import runpy
 
 if __name__ == "__main__":
-    main()
+    runpy.run_module("entrypoints", run_name="__main__")

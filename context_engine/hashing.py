@@ -10,9 +10,18 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
+from typing import Any
+
+import orjson
 
 _HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 GENESIS = b"context-engine/genesis/v1\x00"
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """The one byte form of a JSON value that is hashed and signed: orjson, keys sorted, no
+    whitespace (an event's payload, a guardrail layer)."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def sha256_hex(data: bytes) -> str:

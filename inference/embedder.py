@@ -1,4 +1,4 @@
-"""What every text embedder promises, and the configured one.
+"""What every text embedder promises (the configured one: inference/embedder_choice.py).
 
 Every embedder returns float32 arrays of shape ``(n, dimension)``, rows L2-normalised and in
 input order, and names the exact artifact that produced them in ``model_version`` (the cache
@@ -9,8 +9,7 @@ MiniLM (inference/minilm_embedder.py, ONNX int8) and an OpenAI-compatible HTTP c
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -20,9 +19,7 @@ __all__ = [
     "Embedder",
     "EmbeddingError",
     "EmbeddingUnavailable",
-    "build_embedder",
     "check_texts",
-    "embedder_from_settings",
     "l2_normalise",
 ]
 
@@ -81,37 +78,3 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
     # A zero vector stays zero rather than becoming NaN.
     np.divide(vectors, norms, out=vectors, where=norms > 0)
     return vectors
-
-
-# The backends import this module (the protocol, errors and row helpers), so the factories import
-# them when called.
-
-def build_embedder(kind: str = "minilm", **options: Any) -> Embedder:
-    """``"minilm"`` (default; local, no network) or ``"openai"`` (any OpenAI-compatible API).
-
-    ``options`` go to the constructor: see :class:`MiniLMEmbedder` / :class:`OpenAIEmbedder`.
-    """
-    from inference.minilm_embedder import MiniLMEmbedder
-    from inference.openai_embedder import OpenAIEmbedder
-
-    key = (kind or "minilm").strip().lower()
-    if key in {"minilm", "all-minilm-l6-v2", "local"}:
-        return MiniLMEmbedder(**options)
-    if key in {"openai", "openai-compatible"}:
-        return OpenAIEmbedder(**options)
-    raise ValueError(f"unknown embedder kind {kind!r}; expected 'minilm' or 'openai'")
-
-
-def embedder_from_settings(settings: Any, *, threads: int | None = None,
-                           executor: Executor | None = None) -> Embedder:
-    """The configured embedder (context_engine.config.Settings: embedder, embedder_*);
-    `threads`: the local model's intra-op threads (None: min(2, cpus)); `executor`: where the
-    local model runs (see MiniLMEmbedder)."""
-    from inference.minilm_embedder import MiniLMEmbedder
-    from inference.openai_embedder import OpenAIEmbedder
-
-    if settings.embedder == "openai":
-        key = settings.embedder_api_key.get_secret_value() if settings.embedder_api_key else None
-        return OpenAIEmbedder(model=settings.embedder_model, base_url=settings.embedder_url,
-                              api_key=key, dimensions=settings.embedder_dimensions)
-    return MiniLMEmbedder(intra_op_threads=threads, executor=executor, matmul=settings.minilm_matmul)

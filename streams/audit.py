@@ -1,7 +1,8 @@
 """The audit trail of cross-scope access, as the handlers record it (issue #21).
 
 A handler that reads or assembles through a share grant, creates or revokes a share, or refuses a
-cross-scope attempt calls `AuditTrail.record(AccessAttempt(...))`. In the API that is an
+cross-scope attempt calls `AuditTrail.record(AccessAttempt(...))` (streams/access_attempts.py). In
+the API that is an
 `AuditPublisher`: `record` only appends to a bounded queue in memory, and a background task
 publishes batches on the audit:access stream as `StreamEnvelope(AuditAccessEvent)`s keyed by org
 (streams/jobs.py `audit_access`), which the worker's audit-writer stores
@@ -19,57 +20,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import datetime as dt
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 import structlog
 
 from context_engine.metrics import AUDIT_EVENTS, AUDIT_EVENTS_PENDING
-from context_engine.scope import Scope
+from streams.access_attempts import AccessAttempt
 from streams.jobs import JobMessage, audit_access
 from streams.log import EventLog
 
 log = structlog.get_logger("context_engine.audit")
 
 _PUBLISHED, _DROPPED, _FAILED = (AUDIT_EVENTS.labels(r) for r in ("published", "dropped", "failed"))
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-@dataclass(frozen=True)
-class AccessAttempt:
-    """One cross-scope access, allowed or denied. operation: read (Search / PullContext through a
-    grant), use_in_assembly (AssembleContext through a grant), create_share, revoke_share;
-    resource_type: chunk, snapshot, layer, session, share."""
-
-    actor: Scope
-    resource_type: str
-    resource_id: str
-    operation: str
-    allowed: bool
-    share_id: str = ""
-    denial_reason: str = ""
-    occurred_at: dt.datetime = field(default_factory=_now)
-
-
-class AuditTrail(Protocol):
-    def record(self, attempt: AccessAttempt) -> None:
-        """Take the attempt; never blocks and never raises."""
-
-
-@dataclass
-class RecordedAudit:
-    """An AuditTrail that keeps what it is given: unit tests, and a Deps built without a log."""
-
-    attempts: list[AccessAttempt] = field(default_factory=list)
-
-    def record(self, attempt: AccessAttempt) -> None:
-        self.attempts.append(attempt)
 
 
 @dataclass(frozen=True)

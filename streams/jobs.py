@@ -26,7 +26,7 @@ from streams.record_auth import RecordSigner
 from upsquad.context.v1 import context_pb2, stream_pb2
 
 if TYPE_CHECKING:
-    from streams.audit import AccessAttempt
+    from streams.access_attempts import AccessAttempt
 
 
 def scope_path(scope: Scope) -> context_pb2.ScopePath:

@@ -16,14 +16,10 @@ from typing import Any
 
 import orjson
 
-from context_engine.hashing import sha256_hex
+from context_engine.hashing import canonical_bytes, sha256_hex
 from context_engine.scope import Scope
 
 from .registry import BODY_TYPES, CURRENT_VERSIONS, UPCASTERS, EventBody
-
-
-def canonical_bytes(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def _timestamp(moment: dt.datetime) -> str:

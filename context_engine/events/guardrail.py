@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+from context_engine.guardrails.signing import SignedLayer
 
 from .registry import EventBody, Payload, event_type
-
-if TYPE_CHECKING:
-    from context_engine.guardrails.signing import SignedLayer
 
 
 @event_type
@@ -25,6 +23,4 @@ class GuardrailPublished(EventBody):
     @classmethod
     def from_payload(cls, p: Payload) -> GuardrailPublished:
         """LayerFormatError unless `p` is a well-formed layer (the signature is not checked)."""
-        # Imported here: the signing module itself imports this package (canonical_bytes).
-        from context_engine.guardrails.signing import SignedLayer
         return cls(SignedLayer.from_payload(p))

@@ -43,8 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from context_engine import keyfiles
 from context_engine.errors import InvalidArgument
-from context_engine.events import canonical_bytes
-from context_engine.hashing import is_sha256_hex, sha256_hex
+from context_engine.hashing import canonical_bytes, is_sha256_hex, sha256_hex
 from context_engine.scope import Scope
 
 PLATFORM_ORG = "_platform"

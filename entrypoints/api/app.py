@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import structlog
 
 from commands.deps import Deps
-from commands.session_access import SessionOwners
+from commands.session_owners import SessionOwners
 from commands.write_budget import WriteBudget
 from context_engine.auth import TokenVerifier
 from context_engine.config import Settings, required
@@ -21,9 +21,9 @@ from entrypoints.api.interceptors import Authentication
 from entrypoints.serving.interceptors import ErrorsAndAccessLog
 from entrypoints.serving.server import HostedServer, ServiceBinding, build_server, wait_for_termination_signal
 from inference.coalescing_embedder import CoalescingEmbedder
-from inference.embedder import embedder_from_settings
+from inference.embedder_choice import embedder_from_settings
 from inference.query_vectors import QueryVectors
-from inference.summarizers import summarizer_from_settings
+from inference.summarizers.configured import summarizer_from_settings
 from projections.store.migrations import APP_ROLE, app_url
 from projections.store.pool import create_pool
 from streams import readiness

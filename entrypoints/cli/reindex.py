@@ -26,7 +26,7 @@ def reindex(
     import time
 
     from context_engine.scope import Scope
-    from inference.embedder import embedder_from_settings
+    from inference.embedder_choice import embedder_from_settings
     from streams import reindex as reindexing
     from streams.kafka_security import client_security
     from streams.record_auth import signer_from_settings

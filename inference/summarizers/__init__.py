@@ -4,6 +4,7 @@
   sentences of the older turns (inference/facts.py), drops chit-chat and repetition;
 - `chat_completions.ChatCompletionsSummarizer`: any OpenAI-compatible ``/chat/completions`` API
   (the spec's Gemini 2.5 Flash-Lite is reachable that way), configured by URL, model and key.
+The one a deployment runs: `configured.summarizer_from_settings`.
 
 What a summary is worth is not the summarizer's to say: compaction scores every summary with
 `inference.facts.retention` against the turns it replaces.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,18 +57,3 @@ class Summarizer(Protocol):
     name: str  # recorded on the session.compacted event
 
     async def summarize(self, turns: Sequence[Turn]) -> Summary: ...
-
-
-def summarizer_from_settings(settings: Any) -> Summarizer:
-    """The configured summarizer (context_engine.config.Settings: compaction_summarizer,
-    compaction_llm_*)."""
-    from inference.openai_http import RetryPolicy
-    from inference.summarizers.chat_completions import ChatCompletionsSummarizer
-    from inference.summarizers.extractive import ExtractiveSummarizer
-
-    if settings.compaction_summarizer == "chat_completions":
-        key = settings.compaction_llm_api_key.get_secret_value() if settings.compaction_llm_api_key else None
-        return ChatCompletionsSummarizer(base_url=settings.compaction_llm_url, model=settings.compaction_llm_model,
-                                         api_key=key, timeout_s=settings.compaction_llm_timeout_seconds,
-                                         retry=RetryPolicy(max_attempts=settings.compaction_llm_max_attempts))
-    return ExtractiveSummarizer()

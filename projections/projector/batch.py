@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import asyncpg
 import structlog
 
-from context_engine.events import EVENT_INGESTED, Event
+from context_engine.events import Event
 from context_engine.hashing import sha256_hex
 from context_engine.metrics import PROJECTOR_REJECTED_EVENTS
 from context_engine.scope import Scope
@@ -38,11 +38,10 @@ from projections.projector.guardrail_layers import refuse_layers
 from projections.projector.records import LogRecord
 from projections.store.pool import SYSTEM_ORG, require_standard_strings, set_config_sql, sql_literal
 
-from .appliers.ingested import idempotency_key_of
 from .archive import archive, decode_record
 from .job_requests import EmbedChunks, IndexSource
 from .org_applier import OrgApplier
-from .outcome import Applied, ProjectionError, ProjectionOutcome, applied, session_id_of, where
+from .outcome import Applied, ProjectionError, ProjectionOutcome, applied, where
 from .rejections import Rejection, is_infrastructure_failure, rejection, set_aside
 
 log = structlog.get_logger("context_engine.projector")
@@ -150,10 +149,7 @@ async def _project_org(conn: asyncpg.Connection, org_id: str, records: Sequence[
             todo.append(i)
         else:
             results[i] = applied(records[i], decoded[i], ProjectionOutcome.DUPLICATE)
-    await org.load_sessions({sid for i in todo if (sid := session_id_of(decoded[i]))})
-    await org.load_idempotency_keys(
-        {(sid, decoded[i].scope.path, k) for i in todo if decoded[i].type == EVENT_INGESTED
-         and (sid := session_id_of(decoded[i])) and (k := idempotency_key_of(decoded[i]))})
+    await org.preload([decoded[i] for i in todo])
     for i in todo:
         try:
             results[i] = await org.apply(records[i], decoded[i])

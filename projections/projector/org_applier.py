@@ -9,11 +9,10 @@ from projections.projector.chunks import BulkLoad, ChunkProjection
 from projections.projector.records import LogRecord
 from projections.store.statement_batch import NOTHING, StatementBatch
 
-from .appliers import APPLIERS, SESSION_TYPES
-from .appliers.ingested import INSERT_SESSION_EVENTS, SESSION_EVENT_COLUMNS
-from .appliers.memory import INSERT_MEMORY_VERSIONS, MEMORY_VERSION_COLUMNS
+from .appliers import APPLIERS, PRELOADS, SESSION_TYPES
 from .outcome import Applied, ProjectionOutcome, applied, session_id_of
 from .rows import PendingRows, columns
+from .session_rows import INSERT_MEMORY_VERSIONS, INSERT_SESSION_EVENTS, MemoryVersionRow, SessionEventRow
 from .version_chain import VersionChain
 
 
@@ -32,14 +31,18 @@ class OrgApplier:
         self.org_id = org_id
         self.chain = VersionChain(conn, org_id)
         self.used_keys: set[tuple[str, str, str]] = set()  # (session_id, writer scope path, idempotency_key)
-        self.session_events = PendingRows(INSERT_SESSION_EVENTS, SESSION_EVENT_COLUMNS)
-        self.memory_versions = PendingRows(INSERT_MEMORY_VERSIONS, MEMORY_VERSION_COLUMNS)
+        self.session_events = PendingRows(INSERT_SESSION_EVENTS, SessionEventRow)
+        self.memory_versions = PendingRows(INSERT_MEMORY_VERSIONS, MemoryVersionRow)
         self.chunks = ChunkProjection(conn, org_id, bulk=bulk)
 
-    async def load_sessions(self, session_ids: set[str]) -> None:
-        await self.chain.load(session_ids)
+    async def preload(self, events: list[Event]) -> None:
+        """Before the first of `events` applies: their sessions' chain state, and the idempotency
+        keys their appliers claim (appliers.PRELOADS), each read once for the batch."""
+        await self.chain.load({sid for ev in events if (sid := session_id_of(ev))})
+        await self._load_idempotency_keys(
+            {claim for ev in events if (pre := PRELOADS.get(ev.type)) and (claim := pre(ev))})
 
-    async def load_idempotency_keys(self, keys: set[tuple[str, str, str]]) -> None:
+    async def _load_idempotency_keys(self, keys: set[tuple[str, str, str]]) -> None:
         if keys:
             sessions, writers, values = columns(sorted(keys), 3)
             rows = await self.conn.fetch(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import fields
+from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
 
 from projections.store.statement_batch import StatementBatch
+
+R = TypeVar("R", bound="Row")
 
 
 def columns(rows: Iterable[tuple[Any, ...]], width: int) -> list[list[Any]]:
@@ -22,15 +25,19 @@ def json_text(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-class PendingRows:
+class Row(Protocol):
+    def values(self) -> tuple[Any, ...]: ...
+
+
+class PendingRows(Generic[R]):
     """Rows for one INSERT of the form `... SELECT $1 (the org), u.* FROM unnest($2, ...)`."""
 
-    def __init__(self, sql: str, width: int) -> None:
-        self.sql, self.width = sql, width
+    def __init__(self, sql: str, row_type: type[R]) -> None:
+        self.sql, self.width = sql, len(fields(row_type))  # type: ignore[arg-type]  # a dataclass of rows
         self.rows: list[tuple[Any, ...]] = []
 
-    def append(self, row: tuple[Any, ...]) -> None:
-        self.rows.append(row)
+    def append(self, row: R) -> None:
+        self.rows.append(row.values())
 
     def stage(self, batch: StatementBatch, org_id: str) -> None:
         """Queue the pending rows' INSERT in `batch`, and forget them."""

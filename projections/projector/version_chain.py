@@ -20,6 +20,7 @@ from context_engine.scope import Scope
 from projections.store.statement_batch import StatementBatch
 
 from .rows import PendingRows, columns
+from .session_rows import ChainItemRow
 
 
 @dataclass(slots=True)
@@ -57,7 +58,7 @@ class VersionChain:
         self.conn = conn
         self.org_id = org_id
         self.sessions: dict[str, SessionState] = {}
-        self._items = PendingRows(_INSERT_ITEMS, 8)
+        self._items = PendingRows(_INSERT_ITEMS, ChainItemRow)
         self._versions: dict[tuple[str, str], tuple[Any, ...]] = {}  # one row per (session, version)
 
     async def load(self, session_ids: set[str]) -> None:
@@ -93,7 +94,8 @@ class VersionChain:
         seq = s.max_seq + 1
         version = next_version(s.version, ev.content_hash)
         active = s.active_count + 1 - replacing
-        self._items.append((s.session_id, seq, ev.event_id, kind, ev.content_hash, s.seq, version, ev.occurred))
+        self._items.append(ChainItemRow(s.session_id, seq, ev.event_id, kind, ev.content_hash, s.seq, version,
+                                        ev.occurred))
         self._versions[(s.session_id, version)] = (s.session_id, version, seq, active, ev.event_id, ev.occurred)
         s.version, s.seq, s.max_seq = version, seq, seq
         s.item_count += 1

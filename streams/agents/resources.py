@@ -13,9 +13,9 @@ from faust.types import EventT, TopicT
 from context_engine.concurrency import background_thread
 from context_engine.config import Settings
 from context_engine.events import Event
-from inference.embedder import embedder_from_settings
+from inference.embedder_choice import embedder_from_settings
 from inference.pii_client import PiiClient
-from inference.summarizers import summarizer_from_settings
+from inference.summarizers.configured import summarizer_from_settings
 from projections.store.pool import create_pool, transaction_state_only
 from projections.store.vector_index import ensure_vector_index
 from streams.agents.refusals import RefusalLog

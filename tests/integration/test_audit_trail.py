@@ -22,8 +22,9 @@ from projections.projector.audit_rows import AuditRow
 from projections.reads.audit import audit_rows
 from projections.store.migrations import migrate
 from projections.store.pool import create_pool, org_transaction
+from streams.access_attempts import AccessAttempt
 from streams.agents.audit import write_from_log
-from streams.audit import AccessAttempt, AuditPublisher
+from streams.audit import AuditPublisher
 from streams.jobs import audit_access
 from streams.kafka_security import client_security
 from streams.record_auth import verifier_from_settings

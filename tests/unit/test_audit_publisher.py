@@ -22,8 +22,9 @@ from context_engine.scope import Scope
 from entrypoints.api.app import AUDIT_HEALTH_SERVICE, report_audit_health
 from entrypoints.serving.server import NOT_SERVING, SERVING, build_server
 from projections.projector.records import LogRecord
+from streams.access_attempts import AccessAttempt, RecordedAudit
 from streams.agents.audit import readable_rows
-from streams.audit import AccessAttempt, AuditPublisher, RecordedAudit, follow_health
+from streams.audit import AuditPublisher, follow_health
 from streams.jobs import audit_access, audit_row, envelope, open_envelope, scope_path
 from upsquad.context.v1 import stream_pb2
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from context_engine.errors import Unavailable
-from inference.embedder import Embedder, EmbeddingError, EmbeddingUnavailable, build_embedder
+from inference.embedder import Embedder, EmbeddingError, EmbeddingUnavailable
+from inference.embedder_choice import build_embedder
 from inference.int8_check import INT8_CHECK_TEXTS, INT8_MIN_COSINE, Int8Check, compare_products
 from inference.minilm_embedder import MiniLMEmbedder
 from inference.openai_embedder import OpenAIEmbedder

@@ -67,7 +67,7 @@ def test_importing_the_package_changes_nothing_in_the_process() -> None:
 
 def test_the_command_line_entry_point_turns_the_handlers_off() -> None:
     probe = ("import os, sys; sys.argv = ['context-engine', '--help']\n"
-             "import context_engine.__main__ as entry\n"
+             "import entrypoints.__main__ as entry\n"
              "try:\n    entry.main()\nexcept SystemExit:\n    pass\n"
              "print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

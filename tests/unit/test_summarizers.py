@@ -187,7 +187,7 @@ def test_chat_completions_needs_a_url() -> None:
 
 def test_the_settings_choose_the_summarizer() -> None:
     from context_engine.config import Settings
-    from inference.summarizers import summarizer_from_settings
+    from inference.summarizers.configured import summarizer_from_settings
 
     assert isinstance(summarizer_from_settings(Settings()), ExtractiveSummarizer)
     llm = summarizer_from_settings(Settings(compaction_summarizer="chat_completions",

@@ -28,9 +28,9 @@ from ..outcome import Applied
 from . import compacted, compaction, embedding, guardrail, ingested, memory, rollback, share, snapshot
 
 if TYPE_CHECKING:
-    from ..org_applier import OrgApplier
+    from ..org_state import OrgState
 
-Applier = Callable[["OrgApplier", LogRecord, Event], Awaitable[Applied]]
+Applier = Callable[["OrgState", LogRecord, Event], Awaitable[Applied]]
 
 APPLIERS: dict[str, Applier] = {
     EVENT_INGESTED: ingested.apply,
@@ -46,6 +46,11 @@ APPLIERS: dict[str, Applier] = {
     SHARE_CREATED: share.apply_created,
     SHARE_REVOKED: share.apply_revoked,
 }
+
+# What an event type needs loaded before the batch's events apply: an idempotency claim
+# (session, writer scope, key) whose earlier use the applier must see.
+Preload = Callable[[Event], "tuple[str, str, str] | None"]
+PRELOADS: dict[str, Preload] = {EVENT_INGESTED: ingested.preload}
 
 # The types whose session has an owner scope: an event from outside it changes nothing (OUT_OF_SCOPE).
 SESSION_TYPES = frozenset({EVENT_INGESTED, MEMORY_PUSHED, SNAPSHOT_CREATED, SESSION_ROLLED_BACK, SESSION_COMPACTED})

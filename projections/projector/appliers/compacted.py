@@ -37,12 +37,13 @@ from projections.projector.records import LogRecord
 
 from ..outcome import Applied, ProjectionOutcome, applied
 from ..rows import json_text
+from ..session_rows import SessionEventRow
 from .compaction import close_request
 
 if TYPE_CHECKING:
     import asyncpg
 
-    from ..org_applier import OrgApplier
+    from ..org_state import OrgState
 
 SUMMARY_LINES = uuid.UUID("6f9d3b62-4f0e-5c55-9a53-6b1c0d5f8e21")  # UUIDv5 namespace of summary line ids
 TOKEN_MODEL = "gpt-4"  # stored token counts are cl100k, as at ingest
@@ -72,7 +73,7 @@ class _Line:
     turn: asyncpg.Record  # the replaced row it stands for
 
 
-async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     body = SessionCompacted.from_payload(ev.payload)
     sid = body.session_id
     s = org.chain.sessions.get(sid) if isinstance(sid, str) else None
@@ -98,10 +99,10 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
         turn = line.turn
         metadata = _line_metadata(turn["metadata"])
         content = line.text.encode()
-        org.session_events.append((
+        org.session_events.append(SessionEventRow(
             line_id, sid, turn["position"], s.scope_path, s.pillar_id, s.team_id, s.scope_agent_id,
             "compaction", content, json_text(metadata), sha256_hex(content), line.tokens, version,
-            turn["occurred_at"], None, ev.event_id, turn["stands_for"]))
+            turn["occurred_at"], summary_of=ev.event_id, stands_for=turn["stands_for"]))
         org.chunks.add_summary_line(event_id=line_id, session_id=sid, scope_path=s.scope_path, text=line.text,
                                     tokens=line.tokens, metadata=metadata, created_at=turn["occurred_at"])
     await org.flush()

@@ -14,10 +14,10 @@ from ..job_requests import CompactSession
 from ..outcome import Applied, ProjectionOutcome, applied
 
 if TYPE_CHECKING:
-    from ..org_applier import OrgApplier
+    from ..org_state import OrgState
 
 
-async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     """AssembleContext saw the session's history cross 80 % of its budget (or fall back under
     it). Only the event that opens a request asks for compaction, so there is one job per
     crossing whoever observed it. Only the owner scope's events count (the API sends no other):
@@ -41,7 +41,7 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     return applied(rec, ev, ProjectionOutcome.APPLIED if closed else ProjectionOutcome.IGNORED, sid)
 
 
-async def apply_refused(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply_refused(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     """The worker refused the request it names (the event that opened it): it closes with the
     refusal and the session version it was refused at, if it is still the open one (a request
     closed meanwhile, or another opened since, is not this refusal's: IGNORED)."""
@@ -58,7 +58,7 @@ async def apply_refused(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     return applied(rec, ev, ProjectionOutcome.APPLIED if closed else ProjectionOutcome.IGNORED, sid)
 
 
-async def close_request(org: OrgApplier, session_id: str, ev: Event, reason: str) -> bool:
+async def close_request(org: OrgState, session_id: str, ev: Event, reason: str) -> bool:
     """Close the session's open request, if any, naming the event and why ('below_threshold',
     'compacted', 'rolled_back'): a job still queued for it then finds nothing to do."""
     return await org.conn.fetchval(

@@ -10,10 +10,10 @@ from projections.projector.records import LogRecord
 from ..outcome import Applied, ProjectionOutcome, applied
 
 if TYPE_CHECKING:
-    from ..org_applier import OrgApplier
+    from ..org_state import OrgState
 
 
-async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     recorded = EmbeddingRecorded.from_payload(ev.payload)
     await org.chunks.record_vectors(event_id=ev.event_id, model_version=recorded.model_version,
                                     vectors=recorded.vectors, recorded_at=ev.occurred)

@@ -11,8 +11,8 @@ from projections.projector.records import LogRecord
 from ..outcome import Applied, applied
 
 if TYPE_CHECKING:
-    from ..org_applier import OrgApplier
+    from ..org_state import OrgState
 
 
-async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     return applied(rec, ev, await apply_guardrail_published(org.conn, org.org_id, ev))

@@ -17,18 +17,26 @@ from projections.projector.records import LogRecord
 
 from ..outcome import Applied, ProjectionOutcome, applied, session_id_of
 from ..rows import json_text
+from ..session_rows import SessionEventRow
 
 if TYPE_CHECKING:
-    from ..org_applier import OrgApplier
+    from ..org_state import OrgState
 
 
 def idempotency_key_of(ev: Event) -> str | None:
-    """The ingest's idempotency key, read before its body (to load the batch's keys at once)."""
+    """The ingest's idempotency key, read before its body."""
     key = ev.payload.get("idempotency_key")
     return key if isinstance(key, str) and key else None
 
 
-async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+def preload(ev: Event) -> tuple[str, str, str] | None:
+    """The (session, writer scope, idempotency key) the batch loads before any ingest applies, so
+    that every key of the batch's sessions is known at once."""
+    key, sid = idempotency_key_of(ev), session_id_of(ev)
+    return (sid, ev.scope.path, key) if key and sid else None
+
+
+async def apply(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     key = idempotency_key_of(ev)
     if key and (session_id_of(ev), ev.scope.path, key) in org.used_keys:
         return applied(rec, ev, ProjectionOutcome.IDEMPOTENCY_KEY_TAKEN)
@@ -39,27 +47,10 @@ async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     if key:
         org.used_keys.add((s.session_id, ev.scope.path, key))
     sc = ev.scope
-    org.session_events.append((
+    org.session_events.append(SessionEventRow(
         ev.event_id, s.session_id, seq, sc.path, sc.pillar_id, sc.team_id, sc.agent_id,
         body.event_type, content, json_text(body.metadata), body.content_sha256 or sha256_hex(content),
-        body.token_count, version, ev.occurred, key, None, None))
+        body.token_count, version, ev.occurred, key))
     await org.chunks.add(event_id=ev.event_id, source_kind="event", session_id=s.session_id,
                          scope_path=sc.path, content=content, metadata=body.metadata, created_at=ev.occurred)
     return applied(rec, ev, ProjectionOutcome.APPLIED, s.session_id, seq, version)
-
-
-INSERT_SESSION_EVENTS = """
-INSERT INTO session_events (event_id, org_id, session_id, seq, scope_path, pillar_id, team_id,
-                            scope_agent_id, event_type, content, metadata, content_sha256,
-                            token_count, version, occurred_at, idempotency_key, summary_of, stands_for)
-SELECT u.event_id, $1, u.session_id, u.seq, u.scope_path, u.pillar_id, u.team_id,
-       u.scope_agent_id, u.event_type, u.content, u.metadata::jsonb, u.content_sha256,
-       u.token_count, u.version, u.occurred_at, u.idempotency_key, u.summary_of, u.stands_for
-FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
-            $9::text[], $10::bytea[], $11::text[], $12::text[], $13::int[], $14::text[],
-            $15::timestamptz[], $16::text[], $17::uuid[], $18::uuid[])
-     AS u(event_id, session_id, seq, scope_path, pillar_id, team_id, scope_agent_id, event_type,
-          content, metadata, content_sha256, token_count, version, occurred_at, idempotency_key,
-          summary_of, stands_for)
-"""
-SESSION_EVENT_COLUMNS = 17

@@ -15,12 +15,13 @@ from projections.projector.records import LogRecord
 from ..job_requests import ScanMemory
 from ..outcome import Applied, ProjectionOutcome, applied
 from ..rows import json_text
+from ..session_rows import MemoryVersionRow
 
 if TYPE_CHECKING:
-    from ..org_applier import OrgApplier
+    from ..org_state import OrgState
 
 
-async def apply_pushed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply_pushed(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     """-> a memory_versions row (PII status 'pending', and a scan asked for), and a chain item
     (kind 'memory') when the memory is in a session."""
     pushed = MemoryPushed.from_payload(ev.payload)
@@ -30,14 +31,14 @@ async def apply_pushed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
     if sid:
         seq, version = org.chain.append(org.chain.session(sid, ev), ev, "memory")
     sc = ev.scope
-    org.memory_versions.append((
+    org.memory_versions.append(MemoryVersionRow(
         ev.event_id, sc.path, sc.pillar_id, sc.team_id, sc.agent_id, pushed.agent_id or sc.agent_id, sid, seq,
         pushed.memory_type, content, json_text(pushed.metadata), pushed.content_sha256 or sha256_hex(content),
         version, ev.occurred))
     return applied(rec, ev, ProjectionOutcome.APPLIED, sid, seq, version, jobs=(ScanMemory(ev.scope, ev.event_id),))
 
 
-async def apply_scrubbed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply_scrubbed(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     """The PII scan's result for a pushed memory: its redacted content replaces the raw one;
     semantic memory becomes chunks, searchable only when the status is 'clear'. A later scan
     (pii rescan) replaces an earlier one's chunks."""
@@ -63,19 +64,3 @@ async def apply_scrubbed(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
                              metadata=orjson.loads(row["metadata"]), created_at=row["created_at"],
                              pii_status=status, active=row["active"], added_by=ev.event_id)
     return applied(rec, ev, ProjectionOutcome.APPLIED, row["session_id"])
-
-
-INSERT_MEMORY_VERSIONS = """
-INSERT INTO memory_versions (event_id, org_id, scope_path, pillar_id, team_id, scope_agent_id,
-                             agent_id, session_id, seq, memory_type, content, metadata,
-                             content_sha256, session_version, created_at, pii_status)
-SELECT u.event_id, $1, u.scope_path, u.pillar_id, u.team_id, u.scope_agent_id, u.agent_id,
-       u.session_id, u.seq, u.memory_type, u.content, u.metadata::jsonb, u.content_sha256,
-       u.session_version, u.created_at, 'pending'
-FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-            $9::bigint[], $10::text[], $11::bytea[], $12::text[], $13::text[], $14::text[],
-            $15::timestamptz[])
-     AS u(event_id, scope_path, pillar_id, team_id, scope_agent_id, agent_id, session_id, seq,
-          memory_type, content, metadata, content_sha256, session_version, created_at)
-"""
-MEMORY_VERSION_COLUMNS = 14

@@ -26,10 +26,10 @@ from ..rows import columns
 from .compaction import close_request
 
 if TYPE_CHECKING:
-    from ..org_applier import OrgApplier
+    from ..org_state import OrgState
 
 
-async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     body = SessionRolledBack.from_payload(ev.payload)
     sid, target = body.session_id, body.target_version
     s = org.chain.sessions.get(sid) if isinstance(sid, str) else None

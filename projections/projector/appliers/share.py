@@ -18,14 +18,14 @@ from projections.projector.records import LogRecord
 from ..outcome import Applied, ProjectionOutcome, applied
 
 if TYPE_CHECKING:
-    from ..org_applier import OrgApplier
+    from ..org_state import OrgState
 
 
-async def apply_created(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply_created(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     return applied(rec, ev, await apply_share_created(org.conn, org.org_id, ev))
 
 
-async def apply_revoked(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply_revoked(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     return applied(rec, ev, await apply_share_revoked(org.conn, org.org_id, ev))
 
 

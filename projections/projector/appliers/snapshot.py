@@ -16,10 +16,10 @@ from ..outcome import Applied, ProjectionOutcome, applied
 from ..rows import json_text
 
 if TYPE_CHECKING:
-    from ..org_applier import OrgApplier
+    from ..org_state import OrgState
 
 
-async def apply(org: OrgApplier, rec: LogRecord, ev: Event) -> Applied:
+async def apply(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
     body = SnapshotCreated.from_payload(ev.payload)
     sid, snapshot_id, name = body.session_id, str(uuid.UUID(body.snapshot_id)), body.name
     if not isinstance(sid, str) or not sid or not isinstance(name, str) or not name:
