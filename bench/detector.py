@@ -34,7 +34,6 @@ import pathlib
 import platform
 import secrets
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -171,8 +170,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         else:
             models_dir = args.models_dir
             if args.tiny:
-                sys.path.insert(0, str(REPO))
-                from tests.fixtures.detector_models import build_tiny_models
+                from inference.detector.tiny_models import build_tiny_models
 
                 root = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-detector-")))
                 started = time.perf_counter()

@@ -4,4 +4,4 @@ from entrypoints.embedded.process import disable_grpc_fork_handlers
 
 disable_grpc_fork_handlers()
 
-pytest_plugins = ["tests.fixtures.infra", "tests.fixtures.engine"]
+pytest_plugins = ["tests.fixtures.infra", "tests.fixtures.engine", "tests.fixtures.pii_model"]

@@ -25,8 +25,7 @@ from entrypoints.embedded.broker import EmbeddedBroker
 from entrypoints.embedded.postgres import EmbeddedPostgres
 from streams.topics import LogTopics
 from tests.fixtures.databases import fresh_database
-from tests.fixtures.infra import _FAST_PG, DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV
-from tests.integration.test_faults import restart_like_the_supervisor
+from tests.fixtures.infra import _FAST_PG, DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, restart_like_the_supervisor
 
 BACKENDS = ("embedded", "external")
 

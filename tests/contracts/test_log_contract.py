@@ -36,7 +36,7 @@ from streams.record_auth import Keyring, RecordSigner, RecordVerifier, partition
 from streams.restore import restore_if_behind
 from streams.topics import LogTopics, TopicSetupError, ensure_topics
 from tests.contracts.backends import FaultableBroker, contract_topics
-from tests.integration.test_session_projector import ingest, new_org
+from tests.fixtures.projector_log import ingest, new_org
 
 pytestmark = pytest.mark.integration
 

@@ -37,7 +37,7 @@ from context_engine.hashing import genesis_version, next_version
 from context_engine.scope import Scope
 from projections.projector.batch import apply_batch
 from projections.projector.records import LogRecord
-from tests.integration.test_session_projector import Log, ingest, keyed, new_org, push, rollback, snapshot
+from tests.fixtures.projector_log import Log, ingest, keyed, new_org, push, rollback, snapshot
 from tests.security.row_counts import changed, row_counts
 
 pytestmark = pytest.mark.integration

@@ -16,10 +16,9 @@ from aiokafka import AIOKafkaConsumer
 from entrypoints.api.app import build_api_server, open_deps
 from inference.tokens import count_tokens
 from streams.topics import LogTopics
-from tests.fixtures.calls import admin_fetch, expect_error
+from tests.fixtures.calls import admin_fetch, expect_error, ingest, wait_embedded
 from tests.fixtures.engine import SAMPLED_ORG, unique
-from tests.integration.test_guardrails_api import publish
-from tests.integration.test_retrieval import ingest, wait_embedded
+from tests.fixtures.guardrails import publish
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc, stream_pb2
 

@@ -11,33 +11,13 @@ from entrypoints.serving.status import error_info
 from inference.facts import RETENTION_FLOOR
 from inference.openai_http import RetryPolicy
 from inference.summarizers.chat_completions import ChatCompletionsSummarizer
+from tests.fixtures.calls import admin_fetch as fetch
+from tests.fixtures.calls import archived_count, expect_error, session_version
 from tests.fixtures.engine import unique
 from tests.fixtures.json_server import FakeChatServer
+from tests.fixtures.sessions import KEEP, OLDER, RECENT, active_turns, long_session
 from tests.fixtures.settling import settled
-from tests.integration.test_session_write_path import archived_count, expect_error, session_version
-from tests.integration.test_shares import admin_fetch as fetch
 from upsquad.context.v1 import context_pb2 as pb
-
-KEEP = 10  # the deployment's COMPACTION_KEEP_RECENT_TURNS (the default)
-OLDER = [b"user: hi there!", b"assistant: hello, how can I help?",
-         b"user: my order INV-2041 of 3 lamps ships to Lisbon on 7 May 2023",
-         b"assistant: noted: INV-2041, 3 lamps, Lisbon, 7 May 2023", b"user: thanks!",
-         b"assistant: the invoice total is 40 dollars"]
-RECENT = [f"user: question {i} about the garden".encode() for i in range(KEEP)]
-
-
-async def long_session(engine):
-    org, sid = unique("org"), unique("s")
-    lead = engine.caller(org, "sales", "emea", clearance=3)
-    for content in OLDER + RECENT:
-        await lead.durably("IngestEvent", pb.IngestEventRequest(session_id=sid, event_type="message", content=content))
-    return org, sid, lead
-
-
-async def active_turns(engine, org, sid) -> list[bytes]:
-    return [bytes(r["content"]) for r in await fetch(
-        engine, "SELECT content FROM session_events WHERE org_id = $1 AND session_id = $2 AND active "
-                "ORDER BY seq, occurred_at", org, sid)]
 
 
 def assemble(sid: str) -> pb.AssembleContextRequest:

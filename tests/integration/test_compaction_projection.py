@@ -17,11 +17,11 @@ from context_engine.scope import Scope
 from projections.projector.outcome import ProjectionOutcome
 from streams.replay import compare, replay
 from streams.topics import LogTopics
+from tests.fixtures.calls import admin_fetch as fetch
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
+from tests.fixtures.replay import log_of
 from tests.fixtures.settling import settled
-from tests.integration.test_replay_verify import log_of
-from tests.integration.test_shares import admin_fetch as fetch
 from upsquad.context.v1 import context_pb2 as pb
 
 TURNS = [b"user: my order INV-2041 ships to Lisbon on 7 May 2023", b"assistant: noted, Lisbon on 7 May",

@@ -15,10 +15,10 @@ from context_engine.scope import Scope
 from streams.jobs import compaction_job, publish
 from streams.record_auth import Keyring, RecordSigner
 from streams.topics import LogTopics
+from tests.fixtures.calls import admin_fetch as fetch
 from tests.fixtures.calls import wait_for
 from tests.fixtures.engine import unique, wait_until_projecting
-from tests.integration.test_compact import OLDER, RECENT, active_turns, long_session
-from tests.integration.test_shares import admin_fetch as fetch
+from tests.fixtures.sessions import OLDER, RECENT, active_turns, long_session
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration

@@ -24,13 +24,12 @@ from entrypoints.serving.status import error_info
 from inference.detector.service import DetectorServicer
 from inference.detector.settings import DEFAULT_CANARY_EXPECT, DEFAULT_CANARY_TEXT, DetectorSettings
 from tests.fixtures.detector_models import TinyModels, detector_models  # noqa: F401  (fixture)
-from tests.fixtures.detector_stub import CANARY_ENTITIES, StubModel, token_channel
+from tests.fixtures.detector_stub import AOIFE, CANARY_ENTITIES, StubModel, token_channel
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 PG = "prompt-guard-86m"
 GL = "gliner-small-v2.1"
 SERVICE = "upsquad.ml.v1.MLDetectorService"
-AOIFE = "My name is Aoife Ní Bhriain, born 4 March 1987, living at 78 Rue de Rivoli, Paris."
 HARD = 65536
 TOKEN = "detector-test-token"
 
@@ -60,8 +59,6 @@ async def _serve(settings: DetectorSettings, servicer: DetectorServicer | None =
         servicer.close()
 
 
-
-
 @pytest.fixture(scope="module")
 async def tiny(detector_models: TinyModels) -> AsyncIterator[Running]:  # noqa: F811
     async for running in _serve(DetectorSettings(models_dir=detector_models.models_dir)):
@@ -73,13 +70,6 @@ async def empty(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Runni
     models = tmp_path_factory.mktemp("no-models") / "models"
     async for running in _serve(DetectorSettings(models_dir=models)):
         yield running
-
-
-@pytest.fixture(scope="module")
-def stub_model() -> StubModel:
-    return StubModel({**CANARY_ENTITIES, "Aoife Ní Bhriain": "person", "4 March 1987": "date of birth",
-                      "78 Rue de Rivoli, Paris": "address", "PPS 1234567T": "national id number",
-                      "Rivoli": "passport number", "Needle Person": "person"})
 
 
 @pytest.fixture(scope="module")

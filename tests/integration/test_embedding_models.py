@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from inference.text_analysis import analyze
+from tests.fixtures.calls import ingest, wait_embedded
 from tests.fixtures.engine import running_engine, unique
-from tests.integration.test_retrieval import ingest, wait_embedded
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration

@@ -12,6 +12,7 @@ import pytest
 from streams.replay import read_archive, verify
 from streams.topics import LogTopics
 from tests.fixtures.engine import running_engine, unique
+from tests.fixtures.infra import restart_like_the_supervisor
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -56,20 +57,6 @@ class Burst:
     async def stop(self) -> None:
         self._stop.set()
         await asyncio.gather(*self._tasks)
-
-
-async def restart_like_the_supervisor(broker, attempts: int = 10) -> int:
-    """`up` restarts a dead embedded broker, paced by its monitor loop; the bundled tansu can
-    crash (SIGSEGV) on a request that reaches it in its first milliseconds, so, like the
-    supervisor, try again. Returns how many starts crashed."""
-    for attempt in range(attempts):
-        try:
-            broker.restart()
-            return attempt
-        except Exception:
-            if attempt == attempts - 1:
-                raise
-            await asyncio.sleep(0.2)  # the supervisor's monitor interval; clients keep running
 
 
 async def settled(engine, org: str) -> list[asyncpg.Record]:

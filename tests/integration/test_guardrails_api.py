@@ -5,30 +5,18 @@ ValidatePrompt checks a prompt against it."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import sys
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from context_engine.config import Settings
-from context_engine.guardrails.trust import trusted_fingerprints
 from streams.topics import LogTopics
 from tests.fixtures.engine import unique
+from tests.fixtures.guardrails import publish
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
-
-
-async def publish(engine, tmp_path, level: int, text: str, *scope_args: str) -> str:
-    path = tmp_path / f"layer-{level}-{unique('f')}.txt"
-    path.write_text(text)
-    code, out = await engine.cli("guardrail", "publish", "--level", str(level), "--file", str(path), *scope_args)
-    assert code == 0, out
-    # The first publish makes the home's key. The API (in this process) sees a new key file at its
-    # next look, within a second; have it look now rather than wait for it.
-    trusted_fingerprints(engine.settings, recheck=True)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 async def test_publish_resolve_and_validate(engine, tmp_path):

@@ -21,8 +21,8 @@ from entrypoints.serving.status import error_info
 from projections.projector import deferred_indexing
 from streams.record_auth import partition_for, signer_from_settings
 from streams.topics import LogTopics
+from tests.fixtures.calls import archived_count, expect_error
 from tests.fixtures.engine import unique
-from tests.integration.test_session_write_path import archived_count, expect_error
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration

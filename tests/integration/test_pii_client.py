@@ -21,7 +21,7 @@ from inference.detector.settings import DetectorSettings
 from inference.pii_client import MAX_TEXT_BYTES, DetectorError, PiiClient, PiiSpan
 from inference.pii_scrub import scrub_content
 from tests.fixtures.detector_models import TinyModels, detector_models  # noqa: F401  (fixture)
-from tests.integration.test_detector import AOIFE, StubModel, stub_model  # noqa: F401  (fixture)
+from tests.fixtures.detector_stub import AOIFE, StubModel
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 TOKEN = "s3cret"

@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from entrypoints.embedded.process import free_port
+from tests.fixtures.calls import wait_embedded
 from tests.fixtures.detector_stub import StubDetector
 from tests.fixtures.engine import running_engine, unique
-from tests.integration.test_retrieval import wait_embedded
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,10 @@ from projections.projector.records import LogRecord
 from streams.record_auth import partition_for, signer_from_settings
 from streams.replay import compare, read_archive, replay, verify
 from streams.topics import LogTopics
+from tests.fixtures.calls import wait_embedded
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
-from tests.fixtures.replay import log_of  # noqa: F401 (imported by others)
-from tests.integration.test_retrieval import wait_embedded
+from tests.fixtures.replay import log_of
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ from entrypoints.detector.server import build_detector_server, start_detector
 from entrypoints.serving.status import error_info
 from inference.detector.settings import DetectorSettings
 from inference.detector.token import service_token as detector_token
+from tests.fixtures.calls import archived_count
 from tests.fixtures.engine import unique
-from tests.integration.test_session_write_path import archived_count
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.ml.v1 import detector_pb2
 

@@ -4,9 +4,7 @@ the embedding cache."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import time
 
 import asyncpg
 import grpc
@@ -33,9 +31,9 @@ from streams.record_auth import verifier_from_settings
 from streams.replay import read_log, replay
 from streams.topics import LogTopics
 from tests.fixtures.bm25_reference import rank_bm25_lucene_idf
+from tests.fixtures.calls import expect_error, ingest, session_version, wait_embedded
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
-from tests.integration.test_session_write_path import expect_error, session_version
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -50,31 +48,6 @@ TURNS = [
     "Melanie: My kids loved the camping trip to the mountains in July.",
     "Caroline: The transgender conference in Boston was inspiring.",
 ]
-
-
-async def ingest(caller, session: str, texts, **metadata) -> list[str]:
-    ids = []
-    for text in texts:
-        reply = await caller.durably("IngestEvent", pb.IngestEventRequest(
-            session_id=session, event_type="message", content=text.encode(), metadata=metadata))
-        ids.append(reply.event_id)
-    return ids
-
-
-async def wait_embedded(engine, org: str, timeout: float = 300.0) -> int:
-    """The embedding pipeline is asynchronous: wait until every chunk of the org has a vector."""
-    conn = await asyncpg.connect(engine.settings.database_url)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            total, missing = await conn.fetchrow(
-                "SELECT count(*), count(*) FILTER (WHERE embedding IS NULL) FROM chunks WHERE org_id = $1", org)
-            if total and not missing:
-                return total
-            assert time.monotonic() < deadline, f"{missing} of {total} chunks not embedded"
-            await asyncio.sleep(0.1)
-    finally:
-        await conn.close()
 
 
 async def search(caller, query: str, **fields) -> pb.SearchResponse:

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from tests.fixtures.engine import unique
-from tests.integration.test_compact import OLDER, active_turns, long_session
+from tests.fixtures.sessions import OLDER, active_turns, long_session
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration

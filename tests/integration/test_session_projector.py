@@ -9,7 +9,6 @@ import contextlib
 import datetime as dt
 import random
 import uuid
-import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,81 +40,18 @@ from streams.embedding_pipeline import recorded_event
 from streams.jobs import job_message
 from streams.vector_assigner import VectorAssigner
 from tests.fixtures.databases import fresh_database
+from tests.fixtures.projector_log import Log, ingest, keyed, new_org, push, rollback, scope, snapshot
 
 APPLIED, DUPLICATE, REJECTED = ProjectionOutcome.APPLIED, ProjectionOutcome.DUPLICATE, ProjectionOutcome.REJECTED
 
 pytestmark = pytest.mark.integration
 
-TOPIC = "context-engine.domain-events"
-PARTITIONS = 3
-
 
 # -- building events ------------------------------------------------------------------------
 
 
-def scope(org: str, agent: str = "bot-1") -> Scope:
-    return Scope(org, "pillar", "team", agent)
-
-
-def ingest(org: str, session: str, text: str, **meta: str) -> Event:
-    content = text.encode()
-    return Event(EVENT_INGESTED, scope(org), session_aggregate(org, session), "user-1", {
-        "session_id": session, "event_type": "message",
-        "content_b64": base64.b64encode(content).decode(), "metadata": dict(meta),
-        "content_sha256": sha256_hex(content), "token_count": len(text.split())})
-
-
-def keyed(org: str, session: str, text: str, key: str, *, at: Scope | None = None) -> Event:
-    ev = ingest(org, session, text)
-    return Event(ev.type, at or ev.scope, ev.aggregate, ev.actor, {**ev.payload, "idempotency_key": key})
-
-
-def push(org: str, session: str, text: str, *, agent: str = "bot-1", memory_type: str = "semantic") -> Event:
-    content = text.encode()
-    agg = session_aggregate(org, session) if session else f"memory/{org}/{agent}"
-    return Event(MEMORY_PUSHED, scope(org, agent), agg, "user-1", {
-        "session_id": session, "agent_id": agent, "memory_type": memory_type,
-        "content_b64": base64.b64encode(content).decode(), "metadata": {"src": "test"},
-        "content_sha256": sha256_hex(content)})
-
-
-def snapshot(org: str, session: str, name: str) -> Event:
-    return Event(SNAPSHOT_CREATED, scope(org), session_aggregate(org, session), "lead-1",
-                 {"session_id": session, "snapshot_id": str(uuid.uuid4()), "name": name})
-
-
-def rollback(org: str, session: str, target: str) -> Event:
-    return Event(SESSION_ROLLED_BACK, scope(org), session_aggregate(org, session), "admin-1",
-                 {"session_id": session, "target_version": target})
-
-
-class Log:
-    """A stand-in for the topic: partition by aggregate key, offsets per partition. Each Log is
-    a topic of its own, as tests share a database."""
-
-    def __init__(self) -> None:
-        self.topic = f"{TOPIC}-{uuid.uuid4().hex[:8]}"
-        self.next = [0] * PARTITIONS
-        self.records: list[LogRecord] = []
-
-    def append(self, *events: Event | bytes, aggregate: str | None = None) -> list[LogRecord]:
-        out = []
-        for ev in events:
-            raw = ev if isinstance(ev, bytes) else ev.to_bytes()
-            key = aggregate or orjson.loads(raw)["aggregate"]
-            p = zlib.crc32(key.encode()) % PARTITIONS
-            out.append(LogRecord(self.topic, p, self.next[p], raw))
-            self.next[p] += 1
-        self.records += out
-        return out
-
-
 def key(org: str, session: str) -> str:
     return f"{org}/{session}"
-
-
-def new_org() -> str:
-    return f"org-{uuid.uuid4().hex[:8]}"
 
 
 # -- fixtures -------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from context_engine import hashing
 from context_engine.events import canonical_bytes
 from inference.tokens import count_tokens
-from tests.fixtures.calls import archived_count, expect_error, session_version  # noqa: F401 (imported by others)
+from tests.fixtures.calls import archived_count, expect_error, session_version
 from tests.fixtures.engine import unique
 from upsquad.context.v1 import context_pb2 as pb
 

@@ -28,12 +28,12 @@ from projections.projector.records import LogRecord
 from projections.reads.share_grants import held_sql
 from streams.replay import replay, verify
 from streams.topics import LogTopics
-from tests.fixtures.calls import admin_fetch, expect_error  # noqa: F401 (admin_fetch: imported by others)
+from tests.fixtures.calls import admin_fetch, expect_error
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import Caller, unique
+from tests.fixtures.guardrails import publish
+from tests.fixtures.replay import log_of
 from tests.fixtures.settling import settled
-from tests.integration.test_guardrails_api import publish
-from tests.integration.test_replay_verify import log_of
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 

@@ -7,8 +7,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fixtures.calls import ingest, wait_embedded
 from tests.fixtures.engine import unique
-from tests.integration.test_retrieval import ingest, wait_embedded
 
 pytestmark = pytest.mark.integration
 

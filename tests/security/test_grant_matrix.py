@@ -15,8 +15,7 @@ import pytest
 
 from context_engine.scope import Scope
 from tests.fixtures.settling import settled
-from tests.security.test_visibility_matrix import BUDGET, _found_or_absent, _marker
-from tests.security.world import Grant, scopes, sees_through
+from tests.security.world import BUDGET, Grant, found_or_absent, new_marker, scopes, sees_through
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -58,7 +57,7 @@ async def world(quiet_engine) -> World:
     written = {}
     for grantee in GRANTEES:
         for state in STATES:
-            marker = _marker()
+            marker = new_marker()
             reply = await team("IngestEvent", pb.IngestEventRequest(
                 session_id=f"shared-{grantee}-{state}", event_type="message", content=marker.encode()))
             written[(grantee, state)] = (marker, reply.event_id)
@@ -82,18 +81,18 @@ async def world(quiet_engine) -> World:
 
 
 async def search(w: World, reader: str, item: Shared) -> bool:
-    return await _found_or_absent(w.caller(reader)("Search", pb.SearchRequest(
+    return await found_or_absent(w.caller(reader)("Search", pb.SearchRequest(
         query=item.marker, top_k=50, min_score=0.01)), item.marker, item.chunk_id)
 
 
 async def retrieved(w: World, reader: str, item: Shared) -> bool:
-    return await _found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
+    return await found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
         session_id=f"grant-probe-{reader}", task_description=item.marker, token_budget=BUDGET)),
         item.marker, item.chunk_id)
 
 
 async def pinned(w: World, reader: str, item: Shared) -> bool:
-    return await _found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
+    return await found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
         session_id=f"grant-probe-{reader}", token_budget=BUDGET, hints={"pinned_chunk_ids": item.chunk_id})),
         item.marker, item.chunk_id)
 

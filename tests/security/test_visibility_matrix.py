@@ -17,7 +17,7 @@ import pytest
 
 from context_engine.scope import Scope
 from tests.fixtures.settling import settled
-from tests.security.world import scopes, sees
+from tests.security.world import BUDGET, found_or_absent, new_marker, scopes, sees
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,6 @@ pytestmark = pytest.mark.integration
 LEVELS = list(scopes())
 FAMILIES = ("org_session", "own_session")
 SNAPSHOT = "after-writes"
-BUDGET = 4000
 
 
 @dataclass(frozen=True)
@@ -50,10 +49,6 @@ class World:
         return self.engine.caller(s.org_id, s.pillar_id, s.team_id, s.agent_id, clearance=4)
 
 
-def _marker() -> str:
-    return "zq" + uuid.uuid4().hex[:14]
-
-
 @pytest.fixture(scope="module")
 async def world(quiet_engine) -> World:
     levels = scopes()
@@ -67,7 +62,7 @@ async def world(quiet_engine) -> World:
             if family == "org_session":  # the org creates the session; the writer writes into it
                 await org_writer("IngestEvent", pb.IngestEventRequest(
                     session_id=session, event_type="message", content=b"session opened by the org"))
-            marker, memory_marker = _marker(), _marker()
+            marker, memory_marker = new_marker(), new_marker()
             reply = await author("IngestEvent", pb.IngestEventRequest(
                 session_id=session, event_type="message", content=marker.encode()))
             await author("PushContext", pb.PushContextRequest(
@@ -89,53 +84,41 @@ async def world(quiet_engine) -> World:
     return w
 
 
-async def _found_or_absent(call, *needles: str) -> bool:
-    """True when the call succeeds and its answer holds one of `needles` anywhere (the prompt,
-    chunk_ids, results); False when it fails NOT_FOUND (how the engine refuses what the caller
-    may not see) or succeeds without any."""
-    try:
-        reply = await call
-    except grpc.aio.AioRpcError as err:
-        assert err.code() == grpc.StatusCode.NOT_FOUND, f"{err.code()}: {err.details()}"
-        return False
-    return any(needle in str(reply) for needle in needles)
-
-
 async def search(w: World, reader: str, item: Written) -> bool:
-    return await _found_or_absent(w.caller(reader)("Search", pb.SearchRequest(
+    return await found_or_absent(w.caller(reader)("Search", pb.SearchRequest(
         query=item.marker, top_k=50, min_score=0.01)), item.marker, item.chunk_id)
 
 
 async def history(w: World, reader: str, item: Written) -> bool:
-    return await _found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
+    return await found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
         session_id=item.session_id, token_budget=BUDGET)), item.marker, item.chunk_id)
 
 
 async def retrieved(w: World, reader: str, item: Written) -> bool:
     # The reader's own empty session: whatever holds the marker came from retrieval.
-    return await _found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
+    return await found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
         session_id=f"probe-{reader}", task_description=item.marker, token_budget=BUDGET)), item.marker, item.chunk_id)
 
 
 async def pinned(w: World, reader: str, item: Written) -> bool:
-    return await _found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
+    return await found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
         session_id=f"probe-{reader}", token_budget=BUDGET, hints={"pinned_chunk_ids": item.chunk_id})),
         item.marker, item.chunk_id)
 
 
 async def must_include(w: World, reader: str, item: Written) -> bool:
-    return await _found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
+    return await found_or_absent(w.caller(reader)("AssembleContext", pb.AssembleContextRequest(
         session_id=item.session_id, token_budget=BUDGET, hints={"must_include": f"event:{item.event_id}"})),
         item.marker, item.chunk_id)
 
 
 async def pull_latest(w: World, reader: str, item: Written) -> bool:
-    return await _found_or_absent(w.caller(reader)("PullContext", pb.PullContextRequest(
+    return await found_or_absent(w.caller(reader)("PullContext", pb.PullContextRequest(
         session_id=item.session_id, agent_id=item.writer.agent_id)), item.memory_marker)
 
 
 async def pull_snapshot(w: World, reader: str, item: Written) -> bool:
-    return await _found_or_absent(w.caller(reader)("PullContext", pb.PullContextRequest(
+    return await found_or_absent(w.caller(reader)("PullContext", pb.PullContextRequest(
         session_id=item.session_id, agent_id=item.writer.agent_id, snapshot_name=SNAPSHOT)), item.memory_marker)
 
 

@@ -8,7 +8,10 @@ destructive operations: only the session's owner scope. `sees_through` adds its 
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
+
+import grpc
 
 from context_engine.scope import Scope
 from tests.fixtures.engine import unique
@@ -59,3 +62,22 @@ def sees_through(reader: Scope, owner: Scope, grants: tuple[Grant, ...], permiss
     the grantee: "a grant to a team holds for its agents")."""
     return sees(reader, owner) or any(g.live and permission in g.permissions and sees(reader, g.grantee)
                                       for g in grants)
+
+
+BUDGET = 4000
+
+
+def new_marker() -> str:
+    return "zq" + uuid.uuid4().hex[:14]
+
+
+async def found_or_absent(call, *needles: str) -> bool:
+    """True when the call succeeds and its answer holds one of `needles` anywhere (the prompt,
+    chunk_ids, results); False when it fails NOT_FOUND (how the engine refuses what the caller
+    may not see) or succeeds without any."""
+    try:
+        reply = await call
+    except grpc.aio.AioRpcError as err:
+        assert err.code() == grpc.StatusCode.NOT_FOUND, f"{err.code()}: {err.details()}"
+        return False
+    return any(needle in str(reply) for needle in needles)

@@ -3,40 +3,10 @@ exactly its own vectors; errors and cancellations stay with the calls they belon
 
 import asyncio
 
-import numpy as np
 import pytest
 
 from inference.coalescing_embedder import CoalescingEmbedder
-
-
-class RecordingModel:
-    """A deterministic stand-in for the model: the vector of a text is (len, first char code)."""
-
-    model_version = "recording@1"
-    dimension = 2
-
-    def __init__(self, fail_on: str | None = None) -> None:
-        self.runs: list[list[str]] = []
-        self.release = asyncio.Event()
-        self.release.set()
-        self.fail_on = fail_on
-
-    @staticmethod
-    def vector(text: str) -> list[float]:
-        return [float(len(text)), float(ord(text[0]))]
-
-    async def embed(self, texts):
-        self.runs.append(list(texts))
-        await self.release.wait()
-        if self.fail_on in texts:
-            raise RuntimeError(f"model failed on {self.fail_on!r}")
-        return np.array([self.vector(t) for t in texts], dtype=np.float32).reshape(len(texts), 2)
-
-    def embed_sync(self, texts):
-        return np.array([self.vector(t) for t in texts], dtype=np.float32)
-
-    async def aclose(self):
-        pass
+from tests.fixtures.embedders import RecordingModel
 
 
 async def test_a_lone_call_runs_at_once_and_alone():

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from context_engine.config import ENV_PREFIX, Settings
-from tests.unit.test_kafka_security import _compose, _substituted
+from tests.fixtures.compose import _compose, _substituted
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -284,7 +284,7 @@ def test_gliner_save_naming_its_backbone_needs_backbone_dir(detector_models: Tin
                                                             tmp_path: pathlib.Path) -> None:
     """Like the published gliner_small-v2.1: no encoder config or tokenizer inside, only a backbone name."""
     from inference.detector.importer import ImportFailed, import_gliner
-    from tests.fixtures.detector_models import _deberta_config, _save_tokenizer
+    from inference.detector.tiny_models import _deberta_config, _save_tokenizer
 
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -17,6 +17,7 @@ from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
 from context_engine.config import Settings
 from streams.kafka_security import client_security, faust_credentials
+from tests.fixtures.compose import _compose
 
 
 @pytest.fixture(scope="module")
@@ -119,41 +120,6 @@ def test_settings_that_would_not_do_what_they_say_are_refused(fields, message):
         client_security(s)
     with pytest.raises(ValueError, match=message):
         faust_credentials(s)
-
-
-def _compose(environ: dict[str, str]) -> dict:
-    """compose.yaml as `docker compose` reads it with these variables set: ${VAR}, ${VAR:-default},
-    ${VAR-default}, ${VAR:?error} and ${VAR?error} substituted (a missing required one raises)."""
-    import pathlib
-
-    yaml = pytest.importorskip("yaml")
-    return _substituted(yaml.safe_load((pathlib.Path(__file__).parents[2] / "compose.yaml").read_text()), environ)
-
-
-def _substituted(document, environ: dict[str, str]):
-    """`document` with compose's variable references substituted from `environ`."""
-    import re
-
-    def value(m: re.Match) -> str:
-        name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
-        got = environ.get(name)
-        unset = got is None or (op.startswith(":") and got == "")
-        if op.endswith("?") and unset:
-            raise LookupError(f"{name}: {arg}")
-        if op.endswith("-") and unset:
-            return arg
-        return got or ""
-
-    def substituted(node):
-        if isinstance(node, dict):
-            return {k: substituted(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [substituted(v) for v in node]
-        if isinstance(node, str):
-            return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}", value, node)
-        return node
-
-    return substituted(document)
 
 
 def test_compose_gives_the_engine_what_its_broker_and_database_ask_for(monkeypatch):

@@ -98,3 +98,18 @@ def test_the_sql_rule_sees_statements_and_f_strings_but_not_docstrings(tmp_path)
                       '    q = "  select 1"\n'
                       '    return f"WITH x AS (SELECT 1 FROM {t}) SELECT * FROM x", q\n')
     assert [line for line, _ in _sql_literals(module)] == [5, 6]
+
+
+def test_no_test_module_imports_another_and_bench_imports_no_test_code():
+    """Helpers live in tests/fixtures/ (or a suite's own helper module, such as
+    tests/security/world.py): a test module is run, never imported; the benches stand on the
+    engine alone."""
+    offenders = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "bench").rglob("*.py")):
+        names = imported_modules(path)
+        found = sorted(n for n in names if n.split(".")[-1].startswith("test_") and is_within(n, "tests"))
+        if path.is_relative_to(ROOT / "bench"):
+            found = sorted(n for n in names if is_within(n, "tests"))
+        if found:
+            offenders[str(path.relative_to(ROOT))] = found
+    assert not offenders, f"move the helpers to tests/fixtures/; offenders: {offenders}"

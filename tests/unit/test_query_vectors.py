@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from inference.query_vectors import QueryVectors
-from tests.unit.test_coalescing_embedder import RecordingModel
+from tests.fixtures.embedders import RecordingModel
 
 
 async def test_the_same_text_in_the_same_org_runs_the_model_once():
