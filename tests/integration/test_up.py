@@ -114,6 +114,7 @@ class Up:
         self.api_port, self.detector_port = free_port(), free_port()
         self.lines: list[str] = []
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
+        env["CONTEXT_ENGINE_EMBEDDING_IDLE_PRIORITY"] = "false"  # a busy machine's cores starve SCHED_IDLE
         if "--metrics-port" not in options:
             options = (*options, "--metrics-port", "0")
         self.env = env
