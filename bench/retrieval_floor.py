@@ -43,7 +43,6 @@ disable_grpc_fork_handlers()  # an entry point: before anything below loads gRPC
 
 from bench.locomo import load_locomo  # noqa: E402
 from bench.report import machine  # noqa: E402
-from commands.assemble_context import retrieval_depth  # noqa: E402
 from context_engine.scope import Scope  # noqa: E402
 from entrypoints.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb  # noqa: E402
 from entrypoints.supervisor import DATABASE_NAME  # noqa: E402
@@ -51,6 +50,7 @@ from inference.embedder_choice import build_embedder  # noqa: E402
 from inference.text_analysis import analyze  # noqa: E402
 from projections.reads.search import FIRST_EF_SEARCH, GENERIC_PLANS, MIN_POOL, _pass_settings, _Retriever  # noqa: E402
 from projections.retrieval.confidence_gate import Pool  # noqa: E402
+from projections.retrieval.recipes import retrieval_depth  # noqa: E402
 from projections.store.migrations import API_GROUP_ROLE  # noqa: E402
 from projections.store.pool import set_config_sql, sql_literal  # noqa: E402
 

@@ -4,9 +4,10 @@ quality attestation, savings sampling and the compaction trigger (docs/assembly.
 
 This module orchestrates (validate, read, retrieve, pack, attest, telemetry) and holds no SQL:
 the session's reads are `projections.reads.session_reads.read_session`, one read-only transaction
-(app.org_id set); the corpus totals are `projections.reads.corpus_totals`; retrieval is
-`projections.reads.search`, the code path Search uses, so the two report the same outcome for the same
-retrieval. The retrieval depth's constants are the retrieval recipe's (projections/retrieval/recipe.py).
+(app.org_id set); retrieval is `projections.reads.search`, the code path Search uses, with the
+named recipe `recipes.assembly(token_budget)` (projections/retrieval/recipes.py: its depth, its
+grant permission, its plan mode) where Search passes `recipes.SEARCH`, so the two report the same
+outcome for the same retrieval.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from projections.reads.pull_context import await_scan
 from projections.reads.quarantined_matches import Quarantined
 from projections.reads.search import MAX_QUERY_BYTES, ChunkHit, SearchOutcome, SearchQuery, search
 from projections.reads.session_reads import MUST_INCLUDE_HINT, PINNED_HINT, SessionReads
-from projections.retrieval.outcome import MAX_TOP_K, RetrievalOutcome
-from projections.retrieval.recipe import MIN_RETRIEVAL_DEPTH, RETRIEVAL_OVERSHOOT, TOKENS_PER_RETRIEVED_CHUNK
+from projections.retrieval import recipes
+from projections.retrieval.outcome import RetrievalOutcome
 from projections.store.pool import org_transaction
 from streams.jobs import baseline_metric
 from streams.topics import LogTopics
@@ -148,7 +149,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
         await deps.freshness.wait(SessionRef(org, cmd.session_id))
     floor = deps.settings.tenant_min_score(org)
     # Retrieval runs on its own connection while the session's rows are read.
-    async with alongside(_retrieve(deps, scope, visible, cmd.task_description, floor,
+    async with alongside(_retrieve(deps, scope, cmd.task_description, floor,
                                    cmd.token_budget)) as retrieval_task:
         with timed("assemble", "session_read"):
             reads = await _read_session(deps, principal, cmd, pinned_ids, required_keys)
@@ -250,31 +251,13 @@ def _history_exhausted(packed: Packed, history: list[Block]) -> bool:
     return all(b.key in in_prompt or b.source in elsewhere for b in history)
 
 
-def retrieval_depth(token_budget: int, corpus_tokens: int, corpus_chunks: int) -> int:
-    """How many chunks to retrieve: half again as many as the budget holds at the visible
-    corpus's mean chunk size (its token and chunk totals, kept by the projector), so the
-    retrieved section, not recency, fills the budget even after the floor removes some, and a
-    small budget or a corpus of long chunks does not pay for a deep retrieval it cannot use.
-    On LoCoMo (a turn is ~31 cl100k tokens) this is about budget / 20, the fixed rule it
-    replaces, which stays the rule when the corpus is empty."""
-    if corpus_chunks > 0 and corpus_tokens > 0:
-        depth = math.ceil(token_budget * RETRIEVAL_OVERSHOOT * corpus_chunks / corpus_tokens)
-    else:
-        depth = token_budget // TOKENS_PER_RETRIEVED_CHUNK
-    return max(MIN_RETRIEVAL_DEPTH, min(MAX_TOP_K, depth))
-
-
-async def _retrieve(deps: Deps, scope, visible: Visibility, task: str, floor: float, token_budget: int
+async def _retrieve(deps: Deps, scope, task: str, floor: float, token_budget: int
                     ) -> tuple[SearchOutcome | None, str]:
     if not task.strip():
         return None, "no task_description: recency-only context"
     try:
-        async def depth(conn) -> int:  # on the retrieval's own transaction: no connection of its own
-            totals = await corpus_totals.visible_totals(conn, scope.org_id, visible)
-            return retrieval_depth(token_budget, totals.tokens, totals.chunks)
-
-        return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task), floor, depth=depth,
-                            permission="use_in_assembly"), ""
+        return await search(deps.pool, deps.query_vectors, scope, SearchQuery(query=task), floor,
+                            recipe=recipes.assembly(token_budget)), ""
     except DomainError as exc:
         if isinstance(exc, InvalidArgument):
             raise InvalidArgument("task_description", exc.message) from exc

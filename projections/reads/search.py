@@ -35,7 +35,7 @@ import datetime as dt
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable
 
 import asyncpg
 import numpy as np
@@ -49,6 +49,7 @@ from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 from inference.query_vectors import QueryVectors
 from inference.text_analysis import analyze
+from projections.reads.corpus_totals import visible_totals
 from projections.reads.quarantined_matches import Quarantined, quarantined_matches
 from projections.reads.share_grants import held_sql
 from projections.retrieval.bm25 import CorpusStats, idf_sql, minimum_should_match, query_idf_mass, term_score_sql
@@ -63,6 +64,7 @@ from projections.retrieval.recipe import (
     POOL_PER_RESULT,
     POSTINGS_PER_TERM,
 )
+from projections.retrieval.recipes import SEARCH, BudgetDepth, RetrievalRecipe
 from projections.store.pool import org_transaction
 
 MAX_QUERY_BYTES = 16 * 1024
@@ -128,24 +130,24 @@ def validate(q: SearchQuery) -> tuple[str, str]:
 
 
 async def search(pool: asyncpg.Pool, query_vectors: QueryVectors, scope: Scope, q: SearchQuery,
-                 tenant_min_score: float, *, now: dt.datetime | None = None,
-                 depth: Callable[[asyncpg.Connection], Awaitable[int]] | None = None,
-                 permission: str = "read") -> SearchOutcome:
-    """`depth`, when given, replaces `q.top_k`: it reads what it needs on the retrieval's own
-    connection and transaction (AssembleContext's depth follows the visible corpus's totals).
-    `permission`: the grant permission that adds a shared chunk to the visible corpus (`read` for
-    Search, `use_in_assembly` for AssembleContext; context_engine/visibility.py)."""
+                 tenant_min_score: float, *, recipe: RetrievalRecipe = SEARCH,
+                 now: dt.datetime | None = None) -> SearchOutcome:
+    """Retrieve for `q` as `recipe` says (projections/retrieval/recipes.py): its depth replaces
+    `q.top_k` when it follows a budget (read from the visible corpus's totals on the retrieval's
+    own transaction), its permission says which grants share a chunk, its plan mode how the
+    statements are planned."""
     query, domain = validate(q)
     top_k = resolve_top_k(q.top_k)
     floor = resolve_min_score(q.min_score, tenant_min_score)
-    settings = _pass_settings(FIRST_EF_SEARCH) | (GENERIC_PLANS if depth is None else {})
+    settings = _pass_settings(FIRST_EF_SEARCH) | (GENERIC_PLANS if recipe.generic_plans else {})
     # The query embedding runs on its own thread while the statements before it need no vector.
     async with alongside(_embed_query(query_vectors, scope.org_id, query)) as embedding, \
             org_transaction(pool, scope.org_id, readonly=True, local=settings) as conn:
-        if depth is not None:
-            top_k = await depth(conn)
+        if isinstance(recipe.depth, BudgetDepth):
+            totals = await visible_totals(conn, scope.org_id, Visibility.of(scope))
+            top_k = recipe.depth.of(totals.tokens, totals.chunks)
         retriever = _Retriever(conn, scope, domain, analyze(query), embedding, query_vectors.model_version,
-                               now or dt.datetime.now(dt.UTC), floor, top_k, permission=permission)
+                               now or dt.datetime.now(dt.UTC), floor, top_k, permission=recipe.permission)
         size = max(MIN_POOL, POOL_PER_RESULT * top_k)
         first = Pool(vector_k=size, bm25_k=size, ef_search=FIRST_EF_SEARCH)
         gate = await retrieve_with_gate_async(retriever.run, floor, first, top_score=lambda p: p.top_score)

@@ -57,7 +57,7 @@ BROADEN_POSTINGS = 4
 #: The broadened pass's BM25 operator: 0, plain OR (a candidate holding any query term).
 BROADEN_MIN_MATCH_FRACTION = 0.0
 
-# AssembleContext's retrieval depth (commands/assemble_context.retrieval_depth).
+# AssembleContext's retrieval depth (projections/retrieval/recipes.retrieval_depth).
 #: Chunks retrieved per chunk the budget holds at the visible corpus's mean chunk size: the floor
 #: removes some, and recency should not fill what retrieval could (docs/assembly.md).
 RETRIEVAL_OVERSHOOT = 1.5

@@ -25,6 +25,7 @@ from projections.retrieval.confidence_gate import Pool
 from projections.retrieval.fusion import HYBRID, Candidate
 from projections.retrieval.outcome import classify
 from projections.retrieval.recipe import EXACT_VECTOR_LEG_MAX_DOCS, FIRST_EF_SEARCH
+from projections.retrieval.recipes import assembly
 from projections.store.migrations import APP_ROLE
 from projections.store.pool import create_pool
 from streams.record_auth import verifier_from_settings
@@ -348,9 +349,6 @@ async def test_search_plans_generically_and_assembly_depth_lets_postgresql_choos
                 "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")}
         return [rows.get(_LEXICAL), rows.get(_fused(384, exact=True))]  # a small corpus: ranked exactly
 
-    async def depth(_conn) -> int:
-        return 3
-
     try:
         for _ in range(3):
             result = await search_projection(pool, vectors, Scope(org, "p", "t", "bot"),
@@ -358,7 +356,7 @@ async def test_search_plans_generically_and_assembly_depth_lets_postgresql_choos
             assert result.result.results
         assert await plans() == [(3, 0), (3, 0)]
         await search_projection(pool, vectors, Scope(org, "p", "t", "bot"),
-                                SearchQuery("camping trip in the mountains"), 0.35, depth=depth)
+                                SearchQuery("camping trip in the mountains"), 0.35, recipe=assembly(60))
         assert [custom for _generic, custom in await plans()] == [1, 1]
     finally:
         await pool.close()

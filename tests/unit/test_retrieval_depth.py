@@ -1,7 +1,7 @@
 """AssembleContext's retrieval depth: half again the chunks its budget holds at the visible corpus's
 mean chunk size, within 10..256, budget / 20 without a corpus."""
 
-from commands.assemble_context import retrieval_depth
+from projections.retrieval.recipes import retrieval_depth
 
 
 def test_half_again_the_chunks_the_budget_holds_at_the_mean_size():

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 
-from commands.assemble_context import retrieval_depth
+import pytest
+
 from projections.retrieval import bm25, recipe
 from projections.retrieval.confidence_gate import Pool, broaden
 from projections.retrieval.fusion import HYBRID, RRF
+from projections.retrieval.recipes import retrieval_depth
 
 
 def test_the_default_fusion_is_the_recipes_weights_and_half_life():
@@ -39,3 +41,14 @@ def test_assembly_depth_uses_the_recipes_overshoot_divisor_and_bounds():
     assert retrieval_depth(2_000, 0, 0) == 2_000 // recipe.TOKENS_PER_RETRIEVED_CHUNK
     assert retrieval_depth(1_000, 31_000, 1_000) == math.ceil(1_000 * recipe.RETRIEVAL_OVERSHOOT / 31)
     assert retrieval_depth(1, 0, 0) == recipe.MIN_RETRIEVAL_DEPTH
+
+
+def test_search_and_assembly_differ_by_their_named_recipes_only():
+    from projections.retrieval.recipes import SEARCH, BudgetDepth, RequestDepth, assembly
+
+    a = assembly(2_000)
+    assert (SEARCH.permission, SEARCH.depth, SEARCH.generic_plans) == ("read", RequestDepth(), True)
+    assert (a.permission, a.depth, a.generic_plans) == ("use_in_assembly", BudgetDepth(2_000), False)
+    assert a.depth.of(31_000, 1_000) == retrieval_depth(2_000, 31_000, 1_000)
+    with pytest.raises(AttributeError):
+        SEARCH.permission = "use_in_assembly"  # type: ignore[misc]  # frozen: copy, never mutate
