@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     # API processes sharing api_port (SO_REUSEPORT; the kernel spreads connections over them),
     # so the API's Python work is not bound to one core. A channel stays on one process.
     api_processes: int = Field(default=1, ge=1, le=64)
+    # How long `up` waits for the worker to join its group and the API and detector to answer
+    # SERVING before it gives up and stops what it started (a loaded machine needs longer).
+    ready_timeout_s: float = Field(default=60.0, gt=0)
 
     # Existing infrastructure. When set, the embedded part is not started.
     database_url: str | None = None

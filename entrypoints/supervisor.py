@@ -53,7 +53,6 @@ DATABASE_NAME = "context_engine"
 # their settings (URLs, passwords and password files, TLS keys, the log keyring, the JWT key,
 # the embedding API key).
 DETECTOR_WITHHELD = re.compile(rf"{ENV_PREFIX}(.*DATABASE.*|KAFKA_.*|.*PASSWORD.*|.*KEYRING.*|JWT_.*|.*API_KEY.*)")
-READY_TIMEOUT_S = 60.0
 BROKER_RESTARTS_PER_MINUTE = 10
 # A child's restarts: at most this many in any minute, the n-th of them after
 # restart_delay(n) seconds (0, 1, 2, 4 then 8 s): a child that crashes at once on every start
@@ -195,7 +194,7 @@ class Stack:
         return env
 
     def wait_until_serving(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + self.settings.ready_timeout_s
         # An ingest is acknowledged only once the worker has projected it: SERVING waits until
         # the worker has joined its group (streams/readiness.py), and so does the API's health.
         self._wait_for(lambda: readiness.is_ready(self.home), deadline, "the worker not projecting", "worker")
@@ -209,7 +208,9 @@ class Stack:
             if self.stopping.is_set():
                 raise InterruptedError("stop requested during start-up")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{failure} after {READY_TIMEOUT_S:.0f}s; see {self.logs / (log_name + '.log')}")
+                waited = self.settings.ready_timeout_s
+                raise TimeoutError(f"{failure} after {waited:.0f}s (CONTEXT_ENGINE_READY_TIMEOUT_S); "
+                                   f"see {self.logs / (log_name + '.log')}")
             time.sleep(0.1)
 
     def _raise_if_child_died(self) -> None:

@@ -2,7 +2,7 @@
 
 The image the Dockerfile builds for compose.yaml installs the wheel (`pip install .`), not the
 editable tree of `make up` / `make test`: a file the code opens by path (the migrations under
-projections/sql) that the wheel lacks fails only there. So the wheel is built here, offline, from
+projections/store/sql) that the wheel lacks fails only there. So the wheel is built here, offline, from
 a copy of the source tree, installed into a fresh venv that sees the dev venv's dependencies but
 not its editable finder, and its migrations are run against a real PostgreSQL.
 """
@@ -27,13 +27,14 @@ from context_engine.auth import ensure_dev_key, mint_token
 from entrypoints.embedded.process import child_preexec, free_port
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import unique
+from tests.fixtures.infra import START_TIMEOUT_S, deployment_env
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-MIGRATION_SOURCES = ROOT / "projections" / "sql"
+MIGRATION_SOURCES = ROOT / "projections" / "store" / "sql"
 
 
 def source_files() -> list[str]:
@@ -170,8 +171,7 @@ async def test_the_installed_wheel_runs_its_parts_apart_as_compose_does(installe
     is acknowledged, which needs the worker to have projected it, and the detector serves."""
     api_port, detector_port = free_port(), free_port()
     async with fresh_database(postgres_url, "context_engine_apart") as url:
-        environ = {k: v for k, v in os.environ.items()
-                   if k not in ("PYTHONPATH", "PYTHONHOME") and not k.startswith("CONTEXT_ENGINE_")}
+        environ = {k: v for k, v in deployment_env().items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         engine = {**environ, "PYTHONNOUSERSITE": "1", "CONTEXT_ENGINE_HOME": str(tmp_path / "data"),
                   "CONTEXT_ENGINE_DATABASE_URL": url, "CONTEXT_ENGINE_KAFKA_BOOTSTRAP": kafka_bootstrap,
                   "CONTEXT_ENGINE_TOPIC_PREFIX": unique("apart"), "CONTEXT_ENGINE_API_PORT": str(api_port),
@@ -211,7 +211,7 @@ async def test_the_installed_wheel_runs_its_parts_apart_as_compose_does(installe
                             seen.append(err.code().name)
                             await asyncio.sleep(0.2)
 
-                reply = await asyncio.wait_for(acknowledged(), 120)
+                reply = await asyncio.wait_for(acknowledged(), START_TIMEOUT_S)
                 assert reply.event_id and len(reply.version_hash) == 64, seen
                 health = health_pb2_grpc.HealthStub(detector_channel)
                 status = await health.Check(health_pb2.HealthCheckRequest(service="upsquad.ml.v1.MLDetectorService"),

@@ -29,14 +29,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from entrypoints.supervisor import CHILD_RESTARTS_PER_MINUTE, DETECTOR_WITHHELD
+from tests.fixtures.infra import START_TIMEOUT_S, deployment_env
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
-START_TIMEOUT_S = 90
-RECOVERY_TIMEOUT_S = 90  # a deadline for "it comes back", generous on a loaded 2-core machine
+RECOVERY_TIMEOUT_S = START_TIMEOUT_S  # a deadline for "it comes back"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
@@ -113,8 +113,7 @@ class Up:
         self.home = home
         self.api_port, self.detector_port = free_port(), free_port()
         self.lines: list[str] = []
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
-        env["CONTEXT_ENGINE_EMBEDDING_IDLE_PRIORITY"] = "false"  # a busy machine's cores starve SCHED_IDLE
+        env = deployment_env()
         if "--metrics-port" not in options:
             options = (*options, "--metrics-port", "0")
         self.env = env
@@ -474,7 +473,7 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
 
 def test_up_names_a_taken_port_and_the_setting_that_moves_it(service_tmp_path):
     home = service_tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
+    env = deployment_env()
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()

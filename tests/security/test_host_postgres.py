@@ -71,12 +71,11 @@ from projections.store.pool import create_pool, org_transaction
 from streams import pii_rescan
 from tests.fixtures.databases import fresh_database, owned_database
 from tests.fixtures.engine import unique
-from tests.fixtures.infra import APP_PASSWORD
+from tests.fixtures.infra import APP_PASSWORD, START_TIMEOUT_S, deployment_env
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
 
-UP_TIMEOUT_S = 120
 PSQL = str(pg_install_dir() / "bin" / "psql")
 AUTH_REFUSED = re.compile(r"password authentication failed|no password supplied")
 
@@ -723,7 +722,7 @@ def test_up_brings_an_earlier_trust_data_directory_to_scram(service_tmp_path: pa
     home.mkdir()
     _earlier_release_home(home)
     lines: list[str] = []
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXT_ENGINE_")}
+    env = deployment_env()
     api_port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "context_engine", "up", "--data-dir", str(home), "--api-port", str(api_port),
@@ -732,7 +731,7 @@ def test_up_brings_an_earlier_trust_data_directory_to_scram(service_tmp_path: pa
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + UP_TIMEOUT_S
+        deadline = time.monotonic() + START_TIMEOUT_S
         while not any("SERVING after" in line for line in lines):
             assert proc.poll() is None and time.monotonic() < deadline, "up did not serve:\n" + "".join(lines)
             time.sleep(0.2)
