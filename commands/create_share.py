@@ -32,6 +32,7 @@ from context_engine.scope import LEVELS, Scope
 from context_engine.visibility import Visibility
 from projections.reads import share_grants
 from projections.store.pool import org_transaction
+from streams.acknowledgement import RetryAdvice
 
 
 @dataclass(frozen=True)
@@ -107,13 +108,18 @@ async def create_share(deps: Deps, principal: Principal, command: CreateShare) -
     share_id = str(uuid.uuid4())
     event = Event.of(ShareCreated(share_id, resource_type, resource_id, level, to.path, granted, reason),
                      scope=principal.scope, actor=principal.subject, aggregate=share_aggregate(org, share_id))
-    await deps.append(event, None)
+    await deps.append(event, None, retry=retry_advice(share_id))
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         grant = await share_grants.grant_by_id(conn, org, share_id)
     if grant is None:  # the projector stored none (OUT_OF_SCOPE)
         raise _not_found(resource_type, resource_id)
     access_audit.allowed(deps, principal, resource_type, resource_id, "create_share", share_id=share_id)
     return Created(share_id, grant.created_at)
+
+
+def retry_advice(share_id: str) -> RetryAdvice:
+    return RetryAdvice(f"ListShares shows whether share {share_id} was created; a retry creates a second grant "
+                       "of the same resource", {"share_id": share_id})
 
 
 def _not_found(resource_type: str, resource_id: str) -> NotFound:

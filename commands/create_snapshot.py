@@ -15,6 +15,7 @@ from context_engine.events import Event, SessionRef
 from context_engine.visibility import Visibility
 from projections.reads import sessions
 from projections.store.pool import org_transaction
+from streams.acknowledgement import RetryAdvice
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,12 @@ class SnapshotCreated:
     snapshot_id: str
     version_hash: str
     created_at: dt.datetime
+
+
+def retry_advice(name: str, snapshot_id: str) -> RetryAdvice:
+    return RetryAdvice(f"a retry with snapshot_name {name!r} creates the snapshot if this one was not applied, "
+                       "and answers ALREADY_EXISTS (SNAPSHOT_NAME_TAKEN) if it was (or if another create of "
+                       "that name won)", {"snapshot_name": name, "snapshot_id": snapshot_id})
 
 
 def _taken(session_id: str, name: str) -> AlreadyExists:
@@ -51,7 +58,7 @@ async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnaps
     # events.SnapshotCreated is the event; SnapshotCreated, this command's answer.
     event = Event.of(events.SnapshotCreated(command.session_id, snapshot_id, command.snapshot_name),
                      scope=principal.scope, actor=principal.subject, aggregate=session.aggregate)
-    await deps.append(event, session)
+    await deps.append(event, session, retry=retry_advice(command.snapshot_name, snapshot_id))
     async with org_transaction(deps.pool, org) as conn:
         snapshot = await sessions.snapshot_by_id(conn, org, snapshot_id)
     if snapshot is None:  # a concurrent create of this name by this scope won

@@ -16,7 +16,7 @@ from inference.query_vectors import QueryVectors
 from inference.summarizers import Summarizer
 from inference.summarizers.extractive import ExtractiveSummarizer
 from streams.access_attempts import AuditTrail, RecordedAudit
-from streams.acknowledgement import ArchiveWatch, append_and_wait
+from streams.acknowledgement import APPENDS_AGAIN, ArchiveWatch, RetryAdvice, append_and_wait
 from streams.freshness import SessionFreshness
 from streams.log import EventLog
 
@@ -35,9 +35,11 @@ class Deps:
     audit: AuditTrail = field(default_factory=RecordedAudit)
     summarizer: Summarizer = field(default_factory=ExtractiveSummarizer)  # Compact's
 
-    async def append(self, event: Event, session: SessionRef | None, *, idempotency_key: str = "") -> str | None:
+    async def append(self, event: Event, session: SessionRef | None, *,
+                     retry: RetryAdvice = APPENDS_AGAIN) -> str | None:
         """Append and return once the event is archived and projected (streams/acknowledgement.py):
         the projector's outcome, or None when it must be read back; EventRejected when it was set aside.
-        `session`: the session the event writes (its reads wait for it), None for an event of no session."""
+        `session`: the session the event writes (its reads wait for it), None for an event of no session;
+        `retry`: what a retry of the command does, told to a caller answered NOT_DURABLE_YET."""
         return await append_and_wait(self.log, self.watch, self.freshness, event, session,
-                                     timeout=self.settings.ack_timeout_seconds, idempotency_key=idempotency_key)
+                                     timeout=self.settings.ack_timeout_seconds, retry=retry)

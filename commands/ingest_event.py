@@ -1,7 +1,7 @@
 """IngestEvent: persist one conversation event of a session.
 
-Idempotency (docs/architecture.md, "Retries and idempotency"). Every call has a key a retry can
-send in the `idempotency-key` header:
+Idempotency (docs/architecture.md, "Retries and idempotency"; commands/idempotency.py). Every
+call has a key a retry can send in the `idempotency-key` header:
 - the caller's own key: stored with the event; per session, the first event with a key wins it
   (the projector settles a race), and a later call with that key answers with that event, or is
   refused (FAILED_PRECONDITION, IDEMPOTENCY_KEY_REUSED) when its content, event_type or metadata
@@ -9,7 +9,6 @@ send in the `idempotency-key` header:
 - otherwise the server's, `event_key(event_id)`: it names the event itself and is not stored. A
   retry with it appends the same event id again; the archive keeps one event per id, so the
   retry returns the event if it was applied and writes it once otherwise.
-Client keys may not start with SERVER_KEY_PREFIX except in exactly the form the server issues.
 """
 
 from __future__ import annotations
@@ -18,12 +17,11 @@ import asyncio
 from dataclasses import dataclass
 
 from commands.deps import Deps
+from commands.idempotency import event_key, first_with_id, key_reused, parse_key, retry_with_key
 from commands.session_access import refused_write, require_writable
-from commands.session_owners import session_claimed_elsewhere
 from commands.write_budget import write_bytes
 from context_engine import validation
 from context_engine.auth import Principal
-from context_engine.errors import FailedPrecondition, InvalidArgument
 from context_engine.events import Event, EventIngested, SessionRef, content_b64
 from context_engine.hashing import sha256_hex
 from inference.tokens import count_tokens
@@ -32,9 +30,6 @@ from projections.reads import sessions
 from projections.store.pool import org_transaction
 
 EVENT_TYPES = ("message", "tool_output", "workflow_event")
-IDEMPOTENCY_HEADER = "idempotency-key"
-# Keys the server issues (`event_key`), in a namespace client keys may not use.
-SERVER_KEY_PREFIX = "ce-event:"
 
 
 @dataclass(frozen=True)
@@ -51,32 +46,6 @@ class Ingested:
     event_id: str
     version_hash: str
     token_count: int
-
-
-def event_key(event_id: str) -> str:
-    """The idempotency key the server gives an event whose caller sent none."""
-    return f"{SERVER_KEY_PREFIX}{event_id}"
-
-
-def idempotency_key(value: str) -> tuple[str, str | None]:
-    """Check a client's `idempotency-key`: (the key, None) for a key of the client's own, ("", event
-    id) for a key the server issued (`event_key`). Shared by IngestEvent and PushContext."""
-    if len(value) > validation.MAX_IDEMPOTENCY_KEY:
-        raise InvalidArgument(IDEMPOTENCY_HEADER, f"is longer than {validation.MAX_IDEMPOTENCY_KEY} characters")
-    if not value.startswith(SERVER_KEY_PREFIX):
-        return value, None
-    event_id = value[len(SERVER_KEY_PREFIX):]
-    if not validation.is_canonical_uuid(event_id):
-        raise InvalidArgument(IDEMPOTENCY_HEADER, f"keys starting with {SERVER_KEY_PREFIX!r} are the server's: "
-                              f"send one only as an UNAVAILABLE answer gave it ({SERVER_KEY_PREFIX}<event id>)")
-    return "", event_id
-
-
-def key_reused(key: str, first_event_id: str) -> FailedPrecondition:
-    return FailedPrecondition(
-        f"idempotency-key {key!r} was used by event {first_event_id} with other content: a key names "
-        "one request; send this one with a new key", reason="IDEMPOTENCY_KEY_REUSED",
-        metadata={"field": IDEMPOTENCY_HEADER, "idempotency_key": key, "event_id": first_event_id})
 
 
 # Counting a megabyte takes ~0.2 s: off the event loop that serves every other caller meanwhile.
@@ -97,7 +66,7 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
     metadata = validation.metadata(command.metadata)
     # Before any work for the call: a tenant over its budget costs the others nothing more.
     await deps.write_budget.charge(principal.scope.org_id, write_bytes(command.content, metadata))
-    client_key, retried_id = idempotency_key(command.idempotency_key)
+    client_key, retried_id = parse_key(command.idempotency_key)
     org = principal.scope.org_id
     session = SessionRef(org, command.session_id)
     body = EventIngested(session_id=command.session_id, event_type=command.event_type,
@@ -113,8 +82,8 @@ async def ingest_event(deps: Deps, principal: Principal, command: IngestEvent) -
             return first
     await require_writable(deps, principal, command.session_id, "write")
 
-    outcome = await deps.append(event, session, idempotency_key=command.idempotency_key
-                                or event_key(event.event_id))
+    retry = retry_with_key(command.idempotency_key or event_key(event.event_id), "event")
+    outcome = await deps.append(event, session, retry=retry)
     if outcome == ProjectionOutcome.OUT_OF_SCOPE:  # another scope created the session first
         raise refused_write(deps, principal, command.session_id, "write")
     if outcome != ProjectionOutcome.APPLIED or retried_id:
@@ -146,20 +115,3 @@ async def _first(deps: Deps, org: str, command: IngestEvent, event: Event,
                                   sessions.event_by_id)  # a server key: the event id
         return None if row is None else Ingested(row.event_id, row.content_sha256, row.token_count)
 
-
-async def first_with_id(conn, org: str, event: Event, key: str, session_id: str, projected):
-    """The row `projected(conn, org, event_id)` wrote for the first event with this call's event
-    id (IngestEvent's server key, every PushContext key), None if none is archived yet. Refused
-    as IDEMPOTENCY_KEY_REUSED when that was another request (other bytes, or another scope's:
-    never an answer to this caller), as SESSION_OUT_OF_SCOPE when it was archived, not applied."""
-    archived = await sessions.archived_event(conn, org, event.event_id)
-    if archived is None:
-        return None
-    if (archived.type, archived.aggregate, archived.content_hash) != \
-            (event.type, event.aggregate, event.content_hash):
-        raise key_reused(key, archived.event_id)
-    if (row := await projected(conn, org, event.event_id)) is None:
-        raise session_claimed_elsewhere(session_id)  # archived, not applied: OUT_OF_SCOPE
-    if row.scope_path != event.scope.path:
-        raise key_reused(key, archived.event_id)
-    return row

@@ -1,7 +1,7 @@
 """PushContext: a new version of an agent's memory in a session.
 
 Idempotency (docs/architecture.md, "Retries and idempotency"): the `idempotency-key` header names
-the event id. A key the server issued (ingest_event.event_key) is that id; a key of the caller's
+the event id. A key the server issued (idempotency.event_key) is that id; a key of the caller's
 own is mapped to one, per writer scope and session (`pushed_event_id`). A retry appends the same event id
 again, and the archive keeps one event per id: it returns the first version if that was applied
 (refused with IDEMPOTENCY_KEY_REUSED if that was another request), and writes it once otherwise.
@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from commands.deps import Deps
-from commands.ingest_event import event_key, first_with_id, idempotency_key, key_reused
+from commands.idempotency import event_key, first_with_id, key_reused, parse_key, retry_with_key
 from commands.session_access import refused_write, require_writable
 from commands.write_budget import write_bytes
 from context_engine import validation
@@ -59,7 +59,7 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
     metadata = validation.metadata(command.metadata)
     # Before any work for the call: a tenant over its budget costs the others nothing more.
     await deps.write_budget.charge(principal.scope.org_id, write_bytes(command.content, metadata))
-    client_key, retried_id = idempotency_key(command.idempotency_key)
+    client_key, retried_id = parse_key(command.idempotency_key)
     org = principal.scope.org_id
     session = SessionRef(org, command.session_id)
     if client_key:
@@ -76,8 +76,8 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
             return first
     await require_writable(deps, principal, command.session_id, "write")
 
-    outcome = await deps.append(event, session,
-                                idempotency_key=command.idempotency_key or event_key(event.event_id))
+    retry = retry_with_key(command.idempotency_key or event_key(event.event_id), "memory version")
+    outcome = await deps.append(event, session, retry=retry)
     if outcome == ProjectionOutcome.OUT_OF_SCOPE:
         raise refused_write(deps, principal, command.session_id, "write")
     # DUPLICATE, or heard the first record's APPLIED, or read back

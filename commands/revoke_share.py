@@ -20,6 +20,7 @@ from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 from projections.reads import share_grants
 from projections.store.pool import org_transaction
+from streams.acknowledgement import RetryAdvice
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ def may_revoke(grant: share_grants.Grant, principal: Principal) -> bool:
     """The creator, or (at L3+, checked by the caller) the grantor's scope or an ancestor's."""
     grantor = Scope.from_path(grant.grantor_path)
     return principal.subject == grant.created_by or grantor.is_within(principal.scope)
+
+
+def retry_advice(share_id: str) -> RetryAdvice:
+    return RetryAdvice(f"a retry of the revocation of share {share_id} answers with the first revocation's "
+                       "time if this one was applied", {"share_id": share_id})
 
 
 async def revoke_share(deps: Deps, principal: Principal, command: RevokeShare) -> Revoked:
@@ -66,7 +72,7 @@ async def revoke_share(deps: Deps, principal: Principal, command: RevokeShare) -
 
     event = Event.of(ShareRevoked(share_id, reason), scope=principal.scope, actor=principal.subject,
                      aggregate=share_aggregate(org, share_id))
-    await deps.append(event, None)
+    await deps.append(event, None, retry=retry_advice(share_id))
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         ended = await share_grants.grant_by_id(conn, org, share_id)
     assert ended is not None and ended.revoked_at is not None, share_id

@@ -15,6 +15,7 @@ from context_engine.errors import NotFound
 from context_engine.events import Event, SessionRef, SessionRolledBack
 from projections.projector.outcome import ProjectionOutcome
 from projections.reads import sessions
+from streams.acknowledgement import RetryAdvice
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,13 @@ class RollbackContext:
 class RolledBack:
     restored_version_hash: str
     rolled_back_at: dt.datetime
+
+
+def retry_advice(target_version_hash: str) -> RetryAdvice:
+    return RetryAdvice(f"a retry rolls the session back to {target_version_hash} again: if this rollback was "
+                       "applied and nothing was written to the session since, the state stays the same (one "
+                       "more rollback is recorded); anything written since is rolled back too",
+                       {"target_version_hash": target_version_hash})
 
 
 async def rollback_context(deps: Deps, principal: Principal, command: RollbackContext) -> RolledBack:
@@ -44,7 +52,7 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     session = SessionRef(org, command.session_id)
     event = Event.of(SessionRolledBack(command.session_id, command.target_version_hash),
                      scope=principal.scope, actor=principal.subject, aggregate=session.aggregate)
-    outcome = await deps.append(event, session)
+    outcome = await deps.append(event, session, retry=retry_advice(command.target_version_hash))
     if outcome == ProjectionOutcome.OUT_OF_SCOPE:  # the projector applies the same rule
         raise refused_write(deps, principal, command.session_id, "rollback")
     if outcome == ProjectionOutcome.UNKNOWN_TARGET:

@@ -10,7 +10,7 @@ projected it, so an acknowledged event survives a crash of a memory-only broker.
 4. A notification can be missed (a reconnect, or one sent before the wait began): every
    poll interval the waiter asks event_archive / rejected_events directly (outcome read back).
 5. No decision within ack_timeout_seconds: UNAVAILABLE NOT_DURABLE_YET, never an acknowledgement;
-   the message and ErrorInfo say what a retry of that command does (`retry_advice`).
+   the message and ErrorInfo say what a retry of that command does (the `RetryAdvice` it passes).
 6. REJECTED (the projector set the event aside): a definite answer, `EventRejected`.
 Read-your-writes, the same promise seen from a read, is streams/freshness.py: the append holds a
 SessionFreshness registration until its answer, and a read of the session waits for it.
@@ -26,16 +26,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from context_engine.errors import DomainError, InvalidArgument, Unavailable
-from context_engine.events import (
-    EVENT_INGESTED,
-    MEMORY_PUSHED,
-    SESSION_ROLLED_BACK,
-    SHARE_CREATED,
-    SHARE_REVOKED,
-    SNAPSHOT_CREATED,
-    Event,
-    SessionRef,
-)
+from context_engine.events import Event, SessionRef
 from projections.projector.outcome import Applied, ProjectionOutcome
 from streams.freshness import SessionFreshness
 from streams.log import EventLog, LogPosition
@@ -82,32 +73,8 @@ class RetryAdvice:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
-def retry_advice(event: Event, idempotency_key: str = "") -> RetryAdvice:
-    """What a caller told NOT_DURABLE_YET (or LOG_UNAVAILABLE) may do, true for each command:
-    the event may still be applied later, so say what a retry does and give it what it needs."""
-    p = event.payload
-    if event.type in (EVENT_INGESTED, MEMORY_PUSHED) and idempotency_key:
-        what = "event" if event.type == EVENT_INGESTED else "memory version"
-        return RetryAdvice(f"retry with idempotency-key {idempotency_key}: a retry returns this {what} "
-                           "if it was applied, and writes it once otherwise",
-                           {"idempotency_key": idempotency_key})
-    if event.type == SNAPSHOT_CREATED:
-        return RetryAdvice(f"a retry with snapshot_name {p['name']!r} creates the snapshot if this one was "
-                           "not applied, and answers ALREADY_EXISTS (SNAPSHOT_NAME_TAKEN) if it was (or if "
-                           "another create of that name won)",
-                           {"snapshot_name": p["name"], "snapshot_id": p["snapshot_id"]})
-    if event.type == SESSION_ROLLED_BACK:
-        return RetryAdvice(f"a retry rolls the session back to {p['target_version']} again: if this rollback "
-                           "was applied and nothing was written to the session since, the state stays the "
-                           "same (one more rollback is recorded); anything written since is rolled back too",
-                           {"target_version_hash": p["target_version"]})
-    if event.type == SHARE_CREATED:
-        return RetryAdvice(f"ListShares shows whether share {p['share_id']} was created; a retry creates a "
-                           "second grant of the same resource", {"share_id": p["share_id"]})
-    if event.type == SHARE_REVOKED:
-        return RetryAdvice(f"a retry of the revocation of share {p['share_id']} answers with the first "
-                           "revocation's time if this one was applied", {"share_id": p["share_id"]})
-    return RetryAdvice("a retry appends a second event")
+# What a retry of a command that says nothing more does.
+APPENDS_AGAIN = RetryAdvice("a retry appends a second event")
 
 
 class EventRejected(InvalidArgument):
@@ -149,7 +116,7 @@ class ArchiveWatch:
         self._waiters[event_id] = asyncio.get_running_loop().create_future()
 
     async def wait(self, event_id: str, org_id: str, position: LogPosition, *, timeout: float,
-                   retry: RetryAdvice | None = None) -> str | None:
+                   retry: RetryAdvice = APPENDS_AGAIN) -> str | None:
         """Return once the event is archived (and projected: one transaction): the projector's
         outcome, or None when the archive was asked directly and the caller must read back.
         After `timeout`: UNAVAILABLE (NOT_DURABLE_YET), saying what `retry` of the command does;
@@ -161,12 +128,11 @@ class ArchiveWatch:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    advice = retry or RetryAdvice("a retry appends a second event")
                     raise Unavailable(
                         f"event {event_id} was appended at {position.topic}/{position.partition}"
                         f"@{position.offset} but not archived within {timeout:.1f}s: it is not "
-                        f"acknowledged, and it may still be applied; {advice.text}",
-                        reason="NOT_DURABLE_YET", metadata={"event_id": event_id, **advice.metadata})
+                        f"acknowledged, and it may still be applied; {retry.text}",
+                        reason="NOT_DURABLE_YET", metadata={"event_id": event_id, **retry.metadata})
                 with contextlib.suppress(asyncio.TimeoutError):
                     return await asyncio.wait_for(asyncio.shield(future), min(self._poll, remaining))
                 # A notification can be missed (the listening connection dropped): ask directly.
@@ -193,28 +159,28 @@ class ArchiveWatch:
                 event_id)
 
 
-async def append_and_wait(log: EventLog, watch: ArchiveWatch, freshness: SessionFreshness, event: Event,
-                          session: SessionRef | None, *, timeout: float, idempotency_key: str = "") -> str | None:
+async def append_and_wait(log: EventLog, watch: ArchiveWatch, freshness: SessionFreshness | None, event: Event,
+                          session: SessionRef | None, *, timeout: float,
+                          retry: RetryAdvice = APPENDS_AGAIN) -> str | None:
     """Append and return once the event is archived and projected: the acknowledgement point.
     Returns the projector's outcome (APPLIED, OUT_OF_SCOPE…), or None when it must be read back.
     An event the projector set aside is refused here (EventRejected), for every command.
-    `idempotency_key`: the key a retry of this request sends (IngestEvent, PushContext), named
-    in the UNAVAILABLE answers together with the event id. `session` None: an event of no session
-    (a share grant), which no session read waits for."""
-    advice = retry_advice(event, idempotency_key)
-    async with freshness.appending(session) if session else contextlib.nullcontext():
+    `retry`: what the command's caller is told a retry does, in the UNAVAILABLE answers together
+    with the event id. `session` None: an event of no session (a share grant, a guardrail layer),
+    which no session read waits for; `freshness` may then be None."""
+    async with freshness.appending(session) if freshness and session else contextlib.nullcontext():
         watch.expect(event.event_id)
         try:
             position = await log.append(event)
         except Unavailable as exc:  # a produce that timed out may still have landed
             watch.forget(event.event_id)
             raise Unavailable(f"{exc.message}; event {event.event_id} may have been appended and may "
-                              f"still be applied: {advice.text}", reason=exc.reason,
-                              metadata={**exc.metadata, "event_id": event.event_id, **advice.metadata}) from exc
+                              f"still be applied: {retry.text}", reason=exc.reason,
+                              metadata={**exc.metadata, "event_id": event.event_id, **retry.metadata}) from exc
         except BaseException:
             watch.forget(event.event_id)
             raise
-        outcome = await watch.wait(event.event_id, event.scope.org_id, position, timeout=timeout, retry=advice)
+        outcome = await watch.wait(event.event_id, event.scope.org_id, position, timeout=timeout, retry=retry)
     if outcome == ProjectionOutcome.REJECTED:
         raise EventRejected(event.event_id)
     return outcome

@@ -17,6 +17,7 @@ from commands.create_share import CreateShare, create_share
 from commands.create_snapshot import CreateSnapshot, create_snapshot
 from commands.deps import Deps
 from commands.embed_texts import EmbedTexts, embed_texts
+from commands.idempotency import IDEMPOTENCY_HEADER
 from commands.ingest_event import IngestEvent, ingest_event
 from commands.list_shares import ListShares, list_shares
 from commands.pull_context import PullContext, pull_context
@@ -36,8 +37,6 @@ from projections.reads.search import SearchQuery
 from projections.retrieval.fusion import HYBRID
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
-
-IDEMPOTENCY_HEADER = "idempotency-key"
 
 # Where each RPC not built yet is built: the issue that brings it.
 PENDING: dict[str, str] = {}

@@ -9,13 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from commands import create_share, create_snapshot, revoke_share, rollback_context
+from commands.idempotency import retry_with_key
 from context_engine.errors import Unavailable
 from context_engine.events import (
-    EMBEDDING_RECORDED,
     EVENT_INGESTED,
-    MEMORY_PUSHED,
-    SESSION_ROLLED_BACK,
-    SNAPSHOT_CREATED,
     Event,
     SessionRef,
 )
@@ -23,6 +21,7 @@ from context_engine.scope import Scope
 from projections.projector.guardrail_layers import REJECTED_UNTRUSTED_KEY
 from projections.projector.outcome import ProjectionOutcome
 from streams.acknowledgement import (
+    APPENDS_AGAIN,
     ARCHIVED_CHANNEL,
     IDS_PER_NOTIFICATION,
     ArchiveWatch,
@@ -31,7 +30,6 @@ from streams.acknowledgement import (
     append_and_wait,
     archived_payloads,
     parse_payload,
-    retry_advice,
 )
 from streams.freshness import SessionFreshness
 from streams.log import LogPosition
@@ -81,18 +79,18 @@ def test_the_announcement_names_the_channel_and_skips_records_without_an_event_i
 
 
 def test_a_retry_of_an_ingest_or_push_with_a_key_is_told_the_key():
-    ingest = retry_advice(event(EVENT_INGESTED, {}), "k1")
+    ingest = retry_with_key("k1", "event")
     assert ingest.text == ("retry with idempotency-key k1: a retry returns this event if it was applied, "
                            "and writes it once otherwise")
     assert ingest.metadata == {"idempotency_key": "k1"}
-    push = retry_advice(event(MEMORY_PUSHED, {}), "k2")
+    push = retry_with_key("k2", "memory version")
     assert push.text == ("retry with idempotency-key k2: a retry returns this memory version if it was "
                          "applied, and writes it once otherwise")
     assert push.metadata == {"idempotency_key": "k2"}
 
 
 def test_a_retry_of_a_snapshot_is_told_the_name_and_id():
-    advice = retry_advice(event(SNAPSHOT_CREATED, {"name": "v1", "snapshot_id": "sid"}))
+    advice = create_snapshot.retry_advice("v1", "sid")
     assert advice.text == ("a retry with snapshot_name 'v1' creates the snapshot if this one was not applied, "
                            "and answers ALREADY_EXISTS (SNAPSHOT_NAME_TAKEN) if it was (or if another create "
                            "of that name won)")
@@ -100,17 +98,26 @@ def test_a_retry_of_a_snapshot_is_told_the_name_and_id():
 
 
 def test_a_retry_of_a_rollback_is_told_the_target():
-    advice = retry_advice(event(SESSION_ROLLED_BACK, {"target_version": "abc"}))
+    advice = rollback_context.retry_advice("abc")
     assert advice.text == ("a retry rolls the session back to abc again: if this rollback was applied and "
                            "nothing was written to the session since, the state stays the same (one more "
                            "rollback is recorded); anything written since is rolled back too")
     assert advice.metadata == {"target_version_hash": "abc"}
 
 
+def test_a_retry_of_a_share_grant_or_revocation_is_told_the_share():
+    created = create_share.retry_advice("sid")
+    assert created.text == ("ListShares shows whether share sid was created; a retry creates a second grant "
+                            "of the same resource")
+    revoked = revoke_share.retry_advice("sid")
+    assert revoked.text == ("a retry of the revocation of share sid answers with the first revocation's time "
+                            "if this one was applied")
+    assert created.metadata == revoked.metadata == {"share_id": "sid"}
+
+
 def test_any_other_retry_appends_a_second_event():
-    for advice in (retry_advice(event(EVENT_INGESTED, {})), retry_advice(event(EMBEDDING_RECORDED, {}), "k")):
-        assert advice.text == "a retry appends a second event"
-        assert advice.metadata == {}
+    assert APPENDS_AGAIN.text == "a retry appends a second event"
+    assert APPENDS_AGAIN.metadata == {}
 
 
 POSITION = LogPosition("events", 0, 7)
@@ -128,7 +135,7 @@ async def test_a_notification_resolves_only_its_own_waiter():
 
 async def test_no_word_in_time_is_not_durable_yet_with_the_retry_advice():
     watch = ArchiveWatch("unused", pool=None)
-    advice = retry_advice(event(EVENT_INGESTED, {}), "k1")
+    advice = retry_with_key("k1", "event")
     with pytest.raises(Unavailable) as err:
         await watch.wait("e1", "org", POSITION, timeout=0, retry=advice)
     assert err.value.reason == "NOT_DURABLE_YET"
@@ -184,7 +191,8 @@ async def test_a_failed_produce_says_the_event_may_still_be_applied_and_forgets_
     watch, freshness = ArchiveWatch("unused", pool=None), SessionFreshness(5)
     ev = event(EVENT_INGESTED, {})
     with pytest.raises(Unavailable) as err:
-        await append_and_wait(FailingLog(), watch, freshness, ev, SESSION, timeout=5, idempotency_key="k1")
+        await append_and_wait(FailingLog(), watch, freshness, ev, SESSION, timeout=5,
+                              retry=retry_with_key("k1", "event"))
     assert err.value.reason == "LOG_UNAVAILABLE"
     assert err.value.message == (f"the event log is unavailable: boom; event {ev.event_id} may have been appended "
                                  "and may still be applied: retry with idempotency-key k1: a retry returns this "

@@ -18,7 +18,8 @@ from collections.abc import Callable
 import pytest
 
 from commands.deps import Deps
-from commands.ingest_event import IngestEvent, event_key, ingest_event
+from commands.idempotency import event_key
+from commands.ingest_event import IngestEvent, ingest_event
 from commands.write_budget import WriteBudget
 from context_engine.auth import Principal
 from context_engine.errors import FailedPrecondition, PermissionDenied, Unavailable
