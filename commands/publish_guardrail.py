@@ -8,25 +8,23 @@ appended: the level against the owner scope, the file (readable, UTF-8, not blan
 the projection accepts. The event is keyed by `guardrail/<scope path>/L<level>`, so the versions
 of one (scope, level) are totally ordered in one partition.
 
-The projection's decision comes back as the projector's NOTIFY (`event_archived`, the event id
-with its outcome): a refused layer leaves no row to read back.
+It appends and waits as every command does (streams/acknowledgement.py `append_and_wait`): the
+projection's decision comes back as the projector's NOTIFY (`event_archived`, the event id with
+its outcome); a refused layer leaves no row to read back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import pathlib
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from context_engine.errors import InvalidArgument
+from context_engine.errors import InvalidArgument, Unavailable
 from context_engine.events import Event, GuardrailPublished
 from context_engine.guardrails.signing import (
     LEVEL_NAMES,
@@ -38,18 +36,21 @@ from context_engine.guardrails.signing import (
     sign_layer,
 )
 from context_engine.scope import Scope
-from projections.projector.guardrail_layers import APPLIED, REJECTED_UNTRUSTED_KEY, projected_layer
+from projections.projector.guardrail_layers import REJECTED_UNTRUSTED_KEY, projected_layer
 from projections.reads.guardrail_layers import (
     GuardrailLayerRow,
     current_layer,
     current_layers,
 )
 from projections.store.pool import org_transaction
-from streams.acknowledgement import ARCHIVED_CHANNEL, parse_payload
-from streams.record_auth import RecordSigner
+from streams.acknowledgement import ArchiveWatch, EventRejected, RetryAdvice, append_and_wait
+from streams.log import EventLog
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
-REJECTED_SET_ASIDE = "REJECTED"  # the session projector's outcome for a record it set aside
+NOT_DURABLE_YET = "NOT_DURABLE_YET"
+# What an operator whose publish was not acknowledged in time is told.
+RETRY = RetryAdvice("the worker projects it when it reaches it; a publish of the same file answers unchanged "
+                    "once it is current, and appends it again until then")
 
 
 class GuardrailPublishError(RuntimeError):
@@ -118,93 +119,50 @@ def require_trusted(key: Ed25519PrivateKey, trusted: Collection[str]) -> None:
 
 
 async def publish_guardrail(command: PublishGuardrail, *, key: Ed25519PrivateKey, pool: asyncpg.Pool,
-                            bootstrap: str, topic: str, actor: str,
-                            signer: RecordSigner, security: Mapping[str, Any] | None = None,
-                            timeout: float = DEFAULT_TIMEOUT_SECONDS, poll_interval: float = 0.1,
+                            log: EventLog, watch: ArchiveWatch, actor: str,
+                            timeout: float = DEFAULT_TIMEOUT_SECONDS,
                             trusted: Collection[str] | None = None) -> Published:
-    """Sign, append (acks=all; the record signed by `signer`, streams/record_auth.py) and wait until
-    the projection has decided. Raises GuardrailPublishError when it refused the layer or did not
-    decide within `timeout`, and InvalidArgument before appending anything when `trusted` is given
-    and the key is not in it."""
+    """Sign, append and wait until the projection has decided, as every command appends
+    (streams/acknowledgement.py; `log` signs the record, streams/record_auth.py). Raises
+    GuardrailPublishError when it refused the layer or did not decide within `timeout`, and
+    InvalidArgument before appending anything when `trusted` is given and the key is not in it."""
     if trusted is not None:
         require_trusted(key, trusted)
     org = command.scope.org_id
-    deadline = time.monotonic() + timeout
     async with org_transaction(pool, org, readonly=True) as conn:
         current = await current_layer(conn, command.scope, command.level)
     if current is not None and current.content_hash == content_sha256(command.content) and not command.force:
         return Published(command.level, current.scope_path, current.version, current.content_hash,
                          current.effective_at_ms, current.fingerprint, unchanged=True)
     event = build_event(key, command, actor=actor, now_ms=time.time_ns() // 1_000_000, current=current)
-    row = await append_layer(event, pool=pool, bootstrap=bootstrap, topic=topic, signer=signer, security=security,
-                             timeout=max(0.1, deadline - time.monotonic()), poll_interval=poll_interval)
+    row = await append_layer(event, pool=pool, log=log, watch=watch, timeout=timeout)
     return Published(row.level, row.scope_path, row.version, row.content_hash, row.effective_at_ms,
                      row.fingerprint, event_id=event.event_id)
 
 
-async def append_layer(event: Event, *, pool: asyncpg.Pool, bootstrap: str, topic: str, signer: RecordSigner,
-                       security: Mapping[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                       poll_interval: float = 0.1) -> GuardrailLayerRow:
-    """Append a guardrail.published event (acks=all) and wait for the projection's decision: the
-    version it became, or GuardrailPublishError when the projection refused it or did not decide
-    within `timeout`."""
-    deadline = time.monotonic() + timeout
-    async with pool.acquire() as conn:
-        heard: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-
-        def on_notify(_conn, _pid, _channel, payload: str) -> None:
-            for event_id, outcome in parse_payload(payload):
-                if event_id == event.event_id and not heard.done():
-                    heard.set_result(outcome)
-
-        await conn.add_listener(ARCHIVED_CHANNEL, on_notify)  # before appending: nothing goes unheard
-        try:
-            meta = await _append(event, bootstrap=bootstrap, topic=topic, signer=signer, security=security,
-                                 deadline=deadline, timeout=timeout)
-            return await _decided(conn, event, heard, meta, deadline=deadline, timeout=timeout,
-                                  poll_interval=poll_interval)
-        finally:
-            await conn.remove_listener(ARCHIVED_CHANNEL, on_notify)
-
-
-async def _append(event: Event, *, bootstrap: str, topic: str, signer: RecordSigner,
-                  security: Mapping[str, Any] | None, deadline: float, timeout: float):
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **(security or {}))
-    raw, record_key = event.to_bytes(), event.aggregate.encode()
+async def append_layer(event: Event, *, pool: asyncpg.Pool, log: EventLog, watch: ArchiveWatch,
+                       timeout: float = DEFAULT_TIMEOUT_SECONDS) -> GuardrailLayerRow:
+    """Append a guardrail.published event and wait for the projection's decision: the version it
+    became, or GuardrailPublishError when the projection refused it or did not decide within
+    `timeout`. A refused layer is neither archived nor set aside: only the projector's
+    announcement says so, and a missed one reads as "not projected in time"."""
     try:
-        await asyncio.wait_for(producer.start(), max(0.1, deadline - time.monotonic()))
-        meta = await asyncio.wait_for(
-            producer.send_and_wait(topic, raw, key=record_key, headers=signer.headers(topic, record_key, raw)),
-            max(0.1, deadline - time.monotonic()))
-    except asyncio.TimeoutError as exc:
-        raise GuardrailPublishError(f"the log at {bootstrap} did not accept the layer within {timeout:g}s; "
-                                    "nothing may have been appended") from exc
-    finally:
-        await producer.stop()
-    return meta
-
-
-async def _decided(conn: asyncpg.Connection, event: Event, heard: asyncio.Future[str], meta, *,
-                   deadline: float, timeout: float, poll_interval: float) -> GuardrailLayerRow:
-    """The version the event became, once the projector has said so (or its row shows it: a
-    notification can be missed); GuardrailPublishError when it refused the layer or was silent."""
-    where = f"event {event.event_id} at {meta.topic}[{meta.partition}]@{meta.offset}"
-    while True:
+        outcome = await append_and_wait(log, watch, None, event, None, timeout=timeout, retry=RETRY)
+    except EventRejected as exc:
+        raise GuardrailPublishError(f"the projector set event {event.event_id} aside "
+                                    "(rejected_events says why)") from exc
+    except Unavailable as exc:
+        if exc.reason != NOT_DURABLE_YET:
+            raise GuardrailPublishError(f"the log did not accept the layer: {exc.message}") from exc
+        raise GuardrailPublishError(f"appended, but not projected within {timeout:g}s: is the worker running? "
+                                    f"({exc.message})") from exc
+    async with pool.acquire() as conn:
         if (row := await projected_layer(conn, event.scope.org_id, event.event_id)) is not None:
             return row
-        if heard.done() and heard.result() != APPLIED:
-            outcome = heard.result()
-            if outcome == REJECTED_SET_ASIDE:
-                raise GuardrailPublishError(f"the projector set {where} aside (rejected_events says why)")
-            why = ("the worker does not trust the signing key " + event.payload["key_fingerprint"][:16] + "…"
-                   if outcome == REJECTED_UNTRUSTED_KEY else "the worker's log says why")
-            raise GuardrailPublishError(f"the projection refused the layer ({outcome}): {why}; "
-                                        f"{where} was neither stored nor applied")
-        if time.monotonic() > deadline:
-            raise GuardrailPublishError(
-                f"appended as {where}, but not projected within {timeout:g}s: is the worker running? "
-                "It will be projected when the worker reaches it")
-        await asyncio.wait([heard], timeout=poll_interval)
+    why = ("the worker does not trust the signing key " + event.payload["key_fingerprint"][:16] + "…"
+           if outcome == REJECTED_UNTRUSTED_KEY else "the worker's log says why")
+    raise GuardrailPublishError(f"the projection refused the layer ({outcome or 'not applied'}): {why}; "
+                                f"event {event.event_id} was neither stored nor applied")
 
 
 async def list_layers(pool: asyncpg.Pool, caller: Scope, *, trusted: Collection[str]) -> list[GuardrailLayerRow]:

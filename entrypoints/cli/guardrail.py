@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from entrypoints.cli.options import DataDir, parse_duration
-from entrypoints.cli.settings import admin_pool, command_settings, stack_settings
+from entrypoints.cli.settings import acknowledged_log, admin_pool, command_settings, stack_settings
 
 guardrail_app = typer.Typer(no_args_is_help=True, help="Signed guardrail layers L1-L4 (docs/guardrails.md).")
 GuardrailKeyFile = Annotated[Optional[pathlib.Path], typer.Option(
@@ -36,9 +36,6 @@ def guardrail_publish(
     from context_engine.errors import InvalidArgument
     from context_engine.guardrails.signing import ensure_signing_key, layer_scope, load_signing_key, operator_key_path
     from context_engine.guardrails.trust import GuardrailTrustUnavailable, trusted_fingerprints
-    from streams.kafka_security import client_security
-    from streams.record_auth import signer_from_settings
-    from streams.topics import LogTopics, ensure_log_topics
 
     try:
         command = pg.PublishGuardrail(level, layer_scope(level, org, pillar, team, agent),
@@ -57,15 +54,12 @@ def guardrail_publish(
         raise typer.BadParameter(str(exc)) from exc
     except InvalidArgument as exc:
         raise typer.BadParameter(exc.message) from exc
-    topics = LogTopics.from_settings(settings)
 
     async def go():
-        await ensure_log_topics(settings, settings.kafka_bootstrap)  # it may run before the engine first starts
-        async with admin_pool(settings) as pool:
-            return await pg.publish_guardrail(
-                command, key=key, pool=pool, bootstrap=settings.kafka_bootstrap, topic=topics.events, timeout=limit,
-                actor=f"cli:{os.environ.get('USER', 'operator')}",
-                signer=signer_from_settings(settings), security=client_security(settings))
+        # The log's start creates the topics: it may run before the engine first starts.
+        async with admin_pool(settings) as pool, acknowledged_log(settings, pool) as (log, watch):
+            return await pg.publish_guardrail(command, key=key, pool=pool, log=log, watch=watch, timeout=limit,
+                                              actor=f"cli:{os.environ.get('USER', 'operator')}")
 
     try:
         published = asyncio.run(go())

@@ -48,3 +48,32 @@ async def admin_pool(settings: Settings):
         yield pool
     finally:
         await pool.close()
+
+
+@contextlib.asynccontextmanager
+async def acknowledged_log(settings: Settings, pool):
+    """The log and archive watch of a command that appends beside the stack as the API does
+    (`guardrail publish`): (EventLog, ArchiveWatch), records signed with the stack's keyring. Its
+    guard re-creates topics a restarted broker lost; restoring the log from the archive stays the
+    supervisor's and the API's job."""
+    from streams.acknowledgement import ArchiveWatch
+    from streams.kafka_security import client_security
+    from streams.log import EventLog
+    from streams.record_auth import signer_from_settings
+    from streams.topics import LogTopics, ensure_log_topics
+
+    bootstrap = required(settings.kafka_bootstrap, "kafka_bootstrap")
+
+    async def recover() -> None:
+        await ensure_log_topics(settings, bootstrap)
+
+    log = EventLog(bootstrap, LogTopics.from_settings(settings), recover, signer=signer_from_settings(settings),
+                   security=client_security(settings))
+    watch = ArchiveWatch(required(settings.database_url, "database_url"), pool)
+    await log.start()
+    try:
+        await watch.start()
+        yield log, watch
+    finally:
+        await watch.stop()
+        await log.stop()

@@ -58,10 +58,11 @@ from projections.reads.guardrail_layers import (
 from projections.store import admin
 from projections.store.migrations import app_url
 from projections.store.pool import create_pool, org_transaction
-from streams.acknowledgement import announcement
+from streams.acknowledgement import ArchiveWatch, announcement
+from streams.log import EventLog
 from streams.record_auth import Keyring, RecordSigner, RecordVerifier
 from streams.replay import compare_log, read_log
-from streams.topics import ensure_topics
+from streams.topics import LogTopics, ensure_topics
 from tests.fixtures.databases import fresh_database
 
 pytestmark = pytest.mark.integration
@@ -468,14 +469,22 @@ async def own_db(postgres_url: str) -> AsyncIterator[str]:
 async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CONTEXT_ENGINE_GUARDRAIL_TRUSTED_KEYS", f'["{fingerprint(KEY)}"]')  # the worker's set
     db_url = own_db
-    topic = f"guardrail-events-{uuid.uuid4().hex[:6]}"
-    await ensure_topics(kafka_bootstrap, {topic: 2})
+    topics = LogTopics(f"guardrail-{uuid.uuid4().hex[:6]}", events_partitions=2, job_partitions=1)
+    topic = topics.events
+    signer = RecordSigner(Keyring(tmp_path / "log-hmac.keyring"))
+
+    async def recover() -> None:
+        await ensure_topics(kafka_bootstrap, {topic: 2})
+
     org = new_org()
     pool = await create_pool(db_url, org_scoped=False, max_size=2)
     app_pool = await create_pool(app_url(db_url, APP_ROLE, APP_PASSWORD), max_size=1)
     owner = layer_scope(3, org, "sales", "emea")
-    publish = dict(key=KEY, pool=pool, bootstrap=kafka_bootstrap, topic=topic, actor="cli:test", timeout=20,
-                   signer=RecordSigner(Keyring(tmp_path / "log-hmac.keyring")))
+    log = EventLog(kafka_bootstrap, topics, recover, signer=signer)
+    watch = ArchiveWatch(db_url, pool)
+    await log.start()
+    await watch.start()
+    publish = dict(key=KEY, pool=pool, log=log, watch=watch, actor="cli:test", timeout=20)
     try:
         async with projecting(kafka_bootstrap, topic, db_url):
             first = await publish_guardrail(PublishGuardrail(3, owner, "Quote prices in EUR.\n"), **publish)
@@ -501,7 +510,7 @@ async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str, tmp
             with pytest.raises(GuardrailPublishError, match="refused the layer .REJECTED_UNTRUSTED_KEY."):
                 await publish_guardrail(PublishGuardrail(1, layer_scope(1), "forged\n"), **stranger)
         # verify: the refused layer is on the log and rightly neither archived nor set aside.
-        records = read_log(kafka_bootstrap, topic, verifier=RecordVerifier(publish["signer"].keyring))
+        records = read_log(kafka_bootstrap, topic, verifier=RecordVerifier(signer.keyring))
         assert await compare_log(records, topic, db_url) == []
         got = await list_layers(app_pool, Scope(org, "sales", "emea", "bot"), trusted=TRUSTED)
         assert [(r.level, r.version, r.content) for r in got] == [
@@ -513,5 +522,7 @@ async def test_publish_command_end_to_end(kafka_bootstrap: str, own_db: str, tmp
             await publish_guardrail(PublishGuardrail(2, layer_scope(2, org), "late\n"),
                                     **(publish | {"timeout": 1.0}))
     finally:
+        await watch.stop()
+        await log.stop()
         await pool.close()
         await app_pool.close()

@@ -52,6 +52,7 @@ from context_engine.guardrails.signing import (
     raw_public_key,
 )
 from context_engine.scope import Scope
+from entrypoints.cli.settings import acknowledged_log
 from entrypoints.serving.status import error_info
 from projections.projector.guardrail_layers import (
     REJECTED_BAD_SIGNATURE,
@@ -60,9 +61,8 @@ from projections.projector.guardrail_layers import (
 )
 from projections.reads.guardrail_layers import current_layer
 from projections.store.pool import create_pool, org_transaction
-from streams.kafka_security import client_security
-from streams.record_auth import signer_from_settings
-from streams.topics import LogTopics
+from streams.acknowledgement import ArchiveWatch
+from streams.log import EventLog
 from tests.fixtures.detector_stub import StubDetector
 from tests.fixtures.engine import Engine, unique
 from tests.fixtures.settling import settled
@@ -81,6 +81,8 @@ class Host:
     engine: Engine
     detector: StubDetector
     pool: asyncpg.Pool  # the operator's: the admin URL, as `guardrail publish` has it
+    log: EventLog       # and its log and archive watch (entrypoints/cli/settings.acknowledged_log)
+    watch: ArchiveWatch
 
     @property
     def operator(self) -> Ed25519PrivateKey:
@@ -89,10 +91,7 @@ class Host:
 
     async def append(self, event: Event):
         """The operator's path onto the log (record key and all), waiting for the projection's word."""
-        s = self.engine.settings
-        return await append_layer(event, pool=self.pool, bootstrap=s.kafka_bootstrap,
-                                  topic=LogTopics.from_settings(s).events, signer=signer_from_settings(s),
-                                  security=client_security(s), timeout=30)
+        return await append_layer(event, pool=self.pool, log=self.log, watch=self.watch, timeout=30)
 
     async def publish(self, level: int, owner: Scope, text: str, key: Ed25519PrivateKey | None = None) -> Event:
         """A layer signed (by the home's key unless told) as the command signs it; returns its event."""
@@ -130,7 +129,8 @@ async def host(postgres_url, kafka_bootstrap, tmp_path_factory) -> AsyncIterator
     async with quiet_deployment(postgres_url, kafka_bootstrap, home) as (engine, detector):
         pool = await create_pool(engine.settings.database_url, org_scoped=False, max_size=2)
         try:
-            yield Host(engine, detector, pool)
+            async with acknowledged_log(engine.settings, pool) as (log, watch):
+                yield Host(engine, detector, pool, log, watch)
         finally:
             await pool.close()
 
