@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from commands.read_back import ReadBack
 from commands.session_owners import SessionOwners
 from commands.write_budget import WriteBudget
 from context_engine.config import Settings
@@ -29,6 +30,7 @@ class Deps:
     freshness: SessionFreshness
     pool: asyncpg.Pool
     owners: SessionOwners
+    read_back: ReadBack  # what a write reads after its append (commands/read_back.py)
     embedder: Embedder
     query_vectors: QueryVectors
     write_budget: WriteBudget = field(default_factory=lambda: WriteBudget(0, 1))  # none unless given

@@ -9,11 +9,14 @@ the form the server issues. A retry that finds the first request's result answer
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+from commands.read_back import ReadBack
 from commands.session_owners import session_claimed_elsewhere
 from context_engine import validation
 from context_engine.errors import FailedPrecondition, InvalidArgument
 from context_engine.events import Event
-from projections.reads import sessions
 from streams.acknowledgement import RetryAdvice
 
 IDEMPOTENCY_HEADER = "idempotency-key"
@@ -53,18 +56,27 @@ def key_reused(key: str, first_event_id: str) -> FailedPrecondition:
         metadata={"field": IDEMPOTENCY_HEADER, "idempotency_key": key, "event_id": first_event_id})
 
 
-async def first_with_id(conn, org: str, event: Event, key: str, session_id: str, projected):
-    """The row `projected(conn, org, event_id)` wrote for the first event with this call's event
+class _Projected(Protocol):
+    @property
+    def scope_path(self) -> str: ...
+
+
+Row = TypeVar("Row", bound=_Projected)
+
+
+async def first_with_id(read_back: ReadBack, org: str, event: Event, key: str, session_id: str,
+                        projected: Callable[[str, str], Awaitable[Row | None]]) -> Row | None:
+    """The row `projected(org, event_id)` wrote for the first event with this call's event
     id (IngestEvent's server key, every PushContext key), None if none is archived yet. Refused
     as IDEMPOTENCY_KEY_REUSED when that was another request (other bytes, or another scope's:
     never an answer to this caller), as SESSION_OUT_OF_SCOPE when it was archived, not applied."""
-    archived = await sessions.archived_event(conn, org, event.event_id)
+    archived = await read_back.archived(org, event.event_id)
     if archived is None:
         return None
     if (archived.type, archived.aggregate, archived.content_hash) != \
             (event.type, event.aggregate, event.content_hash):
         raise key_reused(key, archived.event_id)
-    if (row := await projected(conn, org, event.event_id)) is None:
+    if (row := await projected(org, event.event_id)) is None:
         raise session_claimed_elsewhere(session_id)  # archived, not applied: OUT_OF_SCOPE
     if row.scope_path != event.scope.path:
         raise key_reused(key, archived.event_id)

@@ -26,8 +26,6 @@ from context_engine.events import Event, EventIngested, SessionRef, content_b64
 from context_engine.hashing import sha256_hex
 from inference.tokens import count_tokens
 from projections.projector.outcome import ProjectionOutcome
-from projections.reads import sessions
-from projections.store.pool import org_transaction
 
 EVENT_TYPES = ("message", "tool_output", "workflow_event")
 
@@ -101,17 +99,16 @@ async def _first(deps: Deps, org: str, command: IngestEvent, event: Event,
                  body: EventIngested) -> Ingested | None:
     """The answer of the request that first used this call's key, if it has landed; refused if
     that request was another one."""
-    async with org_transaction(deps.pool, org, readonly=True) as conn:
-        if body.idempotency_key:
-            row = await sessions.event_by_idempotency_key(conn, org, body.idempotency_key, command.session_id,
-                                                         event.scope.path)
-            if row is None:
-                return None
-            if (row.event_type, row.content_sha256, row.metadata) != \
-                    (body.event_type, body.content_sha256, body.metadata):
-                raise key_reused(command.idempotency_key, row.event_id)
-            return Ingested(row.event_id, row.content_sha256, row.token_count)
-        row = await first_with_id(conn, org, event, command.idempotency_key, command.session_id,
-                                  sessions.event_by_id)  # a server key: the event id
-        return None if row is None else Ingested(row.event_id, row.content_sha256, row.token_count)
+    if body.idempotency_key:
+        row = await deps.read_back.ingested_with_key(org, body.idempotency_key, command.session_id,
+                                                     event.scope.path)
+        if row is None:
+            return None
+        if (row.event_type, row.content_sha256, row.metadata) != \
+                (body.event_type, body.content_sha256, body.metadata):
+            raise key_reused(command.idempotency_key, row.event_id)
+        return Ingested(row.event_id, row.content_sha256, row.token_count)
+    row = await first_with_id(deps.read_back, org, event, command.idempotency_key, command.session_id,
+                              deps.read_back.ingested)  # a server key: the event id
+    return None if row is None else Ingested(row.event_id, row.content_sha256, row.token_count)
 

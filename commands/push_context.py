@@ -23,8 +23,6 @@ from context_engine.events import Event, MemoryPushed, SessionRef, content_b64
 from context_engine.hashing import sha256_hex
 from context_engine.scope import Scope
 from projections.projector.outcome import ProjectionOutcome
-from projections.reads import sessions
-from projections.store.pool import org_transaction
 
 MEMORY_TYPES = ("episodic", "semantic", "working")
 # The event ids of pushes with a caller's key: uuid5 in this namespace of the writer's scope path,
@@ -93,7 +91,6 @@ async def push_context(deps: Deps, principal: Principal, command: PushContext) -
 async def _first(deps: Deps, org: str, command: PushContext, event: Event) -> Pushed | None:
     """The version the first push with this event id wrote, if it has landed; refused if that
     was another request (other content, memory_type, metadata, agent or session)."""
-    async with org_transaction(deps.pool, org, readonly=True) as conn:
-        row = await first_with_id(conn, org, event, command.idempotency_key, command.session_id,
-                                  sessions.memory_by_event_id)
+    row = await first_with_id(deps.read_back, org, event, command.idempotency_key, command.session_id,
+                              deps.read_back.pushed)
     return None if row is None else Pushed(row.content_sha256, row.created_at)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import structlog
 
 from commands.deps import Deps
+from commands.read_back import PostgresReadBack
 from commands.session_owners import SessionOwners
 from commands.write_budget import WriteBudget
 from context_engine.auth import TokenVerifier
@@ -86,7 +87,8 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
         await watch.start()
         audit.start()
         yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool,
-                   SessionOwners(pool), embedder, QueryVectors(embedder, settings.query_vectors_remembered),
+                   SessionOwners(pool), PostgresReadBack(pool), embedder,
+                   QueryVectors(embedder, settings.query_vectors_remembered),
                    WriteBudget.from_settings(settings), audit=audit,
                    summarizer=summarizer_from_settings(settings))
     finally:
