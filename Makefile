@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: up test unit integration proto proto-check contract install install-dev bench-smoke clean
+.PHONY: up test unit integration test-external proto proto-check contract install install-dev bench-smoke clean
 
 # Base install: everything `up` needs, torch kept out.
 $(VENV)/.base-installed: pyproject.toml
@@ -35,6 +35,15 @@ unit: install-dev
 
 integration: install-dev
 	$(PY) -m pytest tests/integration
+
+# The contracts' external half (tests/contracts), against servers you run: a PostgreSQL superuser
+# URL (a database of the suite's own is created and dropped on it) and a broker's bootstrap address.
+#   make test-external DATABASE_URL=postgresql://postgres:pw@db:5432/postgres KAFKA_BOOTSTRAP=kafka:9092
+test-external: install-dev
+	@test -n "$(DATABASE_URL)" -a -n "$(KAFKA_BOOTSTRAP)" || { \
+	  echo "make test-external needs DATABASE_URL=<PostgreSQL superuser URL> KAFKA_BOOTSTRAP=<host:port>" >&2; exit 2; }
+	CONTEXT_ENGINE_TEST_DATABASE_URL='$(DATABASE_URL)' CONTEXT_ENGINE_TEST_KAFKA_BOOTSTRAP='$(KAFKA_BOOTSTRAP)' \
+	  $(PY) -m pytest tests/contracts -k External -rs
 
 proto: install-dev
 	$(PY) proto/generate.py

