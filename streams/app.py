@@ -31,6 +31,7 @@ worker starts, never implicitly by Faust.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import faust
 import structlog
@@ -40,6 +41,8 @@ from context_engine.config import Settings
 from context_engine.guardrails.trust import load_trust
 from context_engine.logs import logging_config
 from context_engine.metrics import serve_metrics
+from inference.embedder import Embedder
+from inference.embedder_choice import embedder_from_settings
 from streams.agents.audit import register_audit_writer
 from streams.agents.compaction import register_compaction_worker
 from streams.agents.embedding import register_embedding_pipeline, register_reindex_worker
@@ -97,10 +100,12 @@ class WorkerApp(faust.App):
         return _low_latency_transport(self.engine_settings)(self.conf.broker_consumer, self)
 
 
-def create_app(settings: Settings, bootstrap: str) -> faust.App:
+def create_app(settings: Settings, bootstrap: str, *,
+               load_embedder: Callable[..., Embedder] = embedder_from_settings) -> faust.App:
     """The worker's app: its agents, timer and tasks, registered in this order (the tasks start in it)."""
     app = _worker_app(settings, bootstrap)
-    resources = WorkerResources(app, settings)  # loads the embedder: before the consumer starts
+    # Loads the embedder: before the consumer starts.
+    resources = WorkerResources(app, settings, load_embedder=load_embedder)
     register_session_projector(app, resources)
     register_chunk_indexer(app, resources)
     register_embedding_pipeline(app, resources)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -13,6 +13,7 @@ from faust.types import EventT, TopicT
 from context_engine.concurrency import background_thread
 from context_engine.config import Settings
 from context_engine.events import Event
+from inference.embedder import Embedder
 from inference.embedder_choice import embedder_from_settings
 from inference.pii_client import PiiClient
 from inference.summarizers.configured import summarizer_from_settings
@@ -38,8 +39,13 @@ class WorkerResources:
     assigner, each made when an
     agent first asks for it and then shared."""
 
-    def __init__(self, app: faust.App, settings: Settings) -> None:
+    def __init__(self, app: faust.App, settings: Settings, *,
+                 load_embedder: Callable[..., Embedder] = embedder_from_settings,
+                 connect: Callable[..., Awaitable[asyncpg.Pool]] = create_pool) -> None:
+        """`load_embedder(settings, executor=)` and `connect(url, **pool_settings)`: the embedder's
+        and the database's adapters (a test gives fakes)."""
         self.settings = settings
+        self._connect = connect
         self.topics = LogTopics.from_settings(settings)
         keyring = Keyring.from_settings(settings)
         self._signer = RecordSigner(keyring)
@@ -58,7 +64,7 @@ class WorkerResources:
         # that priority too (docs/operations.md, "Background embedding").
         self.embedding_thread = background_thread("embedder", settings.embedding_niceness,
                                                   idle=settings.embedding_idle_priority)
-        self.embedder = self.embedding_thread.submit(embedder_from_settings, settings,
+        self.embedder = self.embedding_thread.submit(load_embedder, settings,
                                                      executor=self.embedding_thread).result()
         # Long contents are cut into chunks below the projectors' priority too
         # (projections/projector/deferred_indexing.py).
@@ -96,7 +102,7 @@ class WorkerResources:
         task = self._pool
         if task is None or (task.done() and task.exception() is not None):
             # A task, so that agents starting together share one pool; again if it failed.
-            task = self._pool = asyncio.ensure_future(create_pool(
+            task = self._pool = asyncio.ensure_future(self._connect(
                 self.settings.database_url, org_scoped=False, min_size=1, max_size=5,
                 reset=transaction_state_only))
         return await task

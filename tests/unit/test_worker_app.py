@@ -9,7 +9,6 @@ import faust
 import pytest
 
 from context_engine.config import Settings
-from streams.agents import resources as resources_module
 from streams.agents.resources import WorkerResources
 from streams.app import create_app
 
@@ -23,37 +22,43 @@ class FakeEmbedder:
         self.loaded_on = threading.current_thread().name
 
 
+def load_fake_embedder(_settings, executor=None) -> FakeEmbedder:
+    return FakeEmbedder(executor)
+
+
 @pytest.fixture
-def settings(tmp_path, monkeypatch):
-    monkeypatch.setattr(resources_module, "embedder_from_settings",
-                        lambda _settings, executor=None: FakeEmbedder(executor))
+def settings(tmp_path):
     return Settings(home=tmp_path / "home")
 
 
-def resources_of(settings) -> WorkerResources:
-    return WorkerResources(faust.App("worker-resources-test", autodiscover=False), settings)
+class Pools:
+    """The pools asked of `connect`, in order; each call fails while `failures` is positive."""
+
+    def __init__(self) -> None:
+        self.made: list[object] = []
+        self.failures = 0
+
+    async def connect(self, url, **_kwargs):
+        await asyncio.sleep(0)  # agents starting together ask while the first ask is under way
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionRefusedError("database down")
+        self.made.append(object())
+        return self.made[-1]
 
 
 @pytest.fixture
-def pools(monkeypatch):
-    """The pools asked of `create_pool`, in order; each call fails while `failures` is positive."""
-    made: list[object] = []
-    state = {"failures": 0}
+def pools() -> Pools:
+    return Pools()
 
-    async def create_pool(url, **_kwargs):
-        await asyncio.sleep(0)  # agents starting together ask while the first ask is under way
-        if state["failures"]:
-            state["failures"] -= 1
-            raise ConnectionRefusedError("database down")
-        made.append(object())
-        return made[-1]
 
-    monkeypatch.setattr(resources_module, "create_pool", create_pool)
-    return made, state
+def resources_of(settings, pools: Pools | None = None) -> WorkerResources:
+    return WorkerResources(faust.App("worker-resources-test", autodiscover=False), settings,
+                           load_embedder=load_fake_embedder, connect=(pools or Pools()).connect)
 
 
 def test_every_agent_reads_its_topic_and_the_tasks_start_in_order(settings):
-    app = create_app(settings, "localhost:1")
+    app = create_app(settings, "localhost:1", load_embedder=load_fake_embedder)
     assert {name: agent.channel.get_topic_name() for name, agent in app.agents.items()} == {
         "session-projector": "context-engine.events",
         "chunk-indexer": "context-engine.indexing",
@@ -69,25 +74,24 @@ def test_every_agent_reads_its_topic_and_the_tasks_start_in_order(settings):
 
 
 async def test_agents_starting_together_share_one_pool(settings, pools):
-    made, _ = pools
-    resources = resources_of(settings)
+    made = pools.made
+    resources = resources_of(settings, pools)
     first, second = await asyncio.gather(resources.pool(), resources.pool())
     assert first is second is made[0]
     assert await resources.pool() is first and len(made) == 1
 
 
 async def test_a_pool_that_failed_is_made_again_when_next_asked(settings, pools):
-    made, state = pools
-    state["failures"] = 1
-    resources = resources_of(settings)
+    pools.failures = 1
+    resources = resources_of(settings, pools)
     with pytest.raises(ConnectionRefusedError):
         await resources.pool()
-    assert await resources.pool() is made[0]
+    assert await resources.pool() is pools.made[0]
 
 
 async def test_the_pipeline_and_the_vector_assigner_are_made_once_on_the_shared_pool(settings, pools):
-    made, _ = pools
-    resources = resources_of(settings)
+    made = pools.made
+    resources = resources_of(settings, pools)
     pipeline, assigner = await resources.pipeline(), await resources.vector_assigner()
     assert await resources.pipeline() is pipeline and await resources.vector_assigner() is assigner
     assert pipeline.pool is assigner.pool is made[0]
