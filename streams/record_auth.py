@@ -47,7 +47,7 @@ import pathlib
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -194,11 +194,14 @@ def _now() -> dt.datetime:
 class Keyring:
     """The keys of a keyring file as one process holds them, following the file."""
 
-    def __init__(self, path: pathlib.Path, *, create: bool = True) -> None:
+    def __init__(self, path: pathlib.Path, *, create: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: the monotonic clock its rechecks, and its verifiers', are timed by."""
         self.path = path
+        self.clock = clock
         keys = ensure_keyring(path) if create else read_keys(path)
         self._stamp = self._stat()
-        self._checked_at = time.monotonic()
+        self._checked_at = clock()
         self._install(keys)
         self._warn_if_readable_by_others()
 
@@ -224,7 +227,7 @@ class Keyring:
     def refresh(self, max_age: float = 0.0) -> bool:
         """Look at the file unless it was looked at less than `max_age` seconds ago; re-read it when
         it changed. Returns whether the keys changed."""
-        now = time.monotonic()
+        now = self.clock()
         if now - self._checked_at < max_age:
             return False
         self._checked_at = now
@@ -345,7 +348,7 @@ class RecordVerifier:
             return Refusal(MALFORMED, None)
         mac = self.keyring.mac(key_id)
         if mac is None:
-            now = time.monotonic()
+            now = self.keyring.clock()
             if now - self._unknown_checked_at >= UNKNOWN_KEY_RECHECK_S:  # rotated since the last look?
                 self._unknown_checked_at = now
                 self.keyring.refresh()

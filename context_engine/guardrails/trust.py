@@ -80,16 +80,38 @@ class _File:
     warned_at: float = -math.inf
 
 
+class KeyFiles:
+    """Key files as the trust set sees them: a stat (or _ABSENT), the key a public-key file
+    holds, and a public half derived from a private key. A test gives one that counts or fails."""
+
+    def stat(self, path: pathlib.Path) -> Stat | str:
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return _ABSENT
+        return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+    def fingerprint(self, path: pathlib.Path) -> str:
+        return public_key_fingerprint(path)
+
+    def derive(self, private: pathlib.Path) -> bool:
+        return derive_public_key(private)
+
+
+LOCAL_FILES = KeyFiles()
+
+
 class TrustSet:
     """The trust set of one list of entries. Thread-safe; see the module docstring."""
 
     def __init__(self, entries: Sequence[str], *, derive_from: pathlib.Path | None = None,
-                 clock: Callable[[], float] = time.monotonic, interval: float = CHECK_INTERVAL_S) -> None:
+                 clock: Callable[[], float] = time.monotonic, interval: float = CHECK_INTERVAL_S,
+                 files: KeyFiles = LOCAL_FILES) -> None:
         self.entries = tuple(entries)
         self._pinned = frozenset(e.lower() for e in self.entries if _FINGERPRINT.fullmatch(e))
         self._files = [_File(pathlib.Path(e).expanduser(), derive_from)
                        for e in self.entries if not _FINGERPRINT.fullmatch(e)]
-        self._clock, self._interval = clock, interval
+        self._clock, self._interval, self._key_files = clock, interval, files
         self._lock = threading.Lock()
         self._current: frozenset[str] | None = None  # None: no good set yet
         self._next_check = -math.inf
@@ -135,15 +157,15 @@ class TrustSet:
 
     def _look(self, f: _File, now: float) -> None:
         try:
-            sig: Stat | str = _stat(f.path)
+            sig: Stat | str = self._key_files.stat(f.path)
             if sig == _ABSENT and f.derive_from is not None:
-                if derive_public_key(f.derive_from):  # an earlier release's home: the .pem only
+                if self._key_files.derive(f.derive_from):  # an earlier release's home: the .pem only
                     log.info("guardrail public key derived from the operator key", path=str(f.path))
-                    sig = _stat(f.path)
+                    sig = self._key_files.stat(f.path)
                 f.derive_from = None  # done (or there is no key at all): the .pem is not read again
             if sig == f.seen and f.problem is None:
                 return
-            found = None if sig == _ABSENT else public_key_fingerprint(f.path)
+            found = None if sig == _ABSENT else self._key_files.fingerprint(f.path)
         except (OSError, ValueError) as exc:
             self._failed(f, now, str(exc) if isinstance(exc, ValueError) else f"cannot read: {exc.strerror or exc}")
             return
@@ -175,34 +197,46 @@ class TrustSet:
 RACY_NS = 2_000_000_000  # coarse file systems tick their mtimes in seconds
 
 
-def _stat(path: pathlib.Path) -> Stat | str:
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return _ABSENT
-    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
-
-
 def trust_entries(settings: Settings) -> tuple[str, ...]:
     """The configured entries, or the home's operator public key when none are configured."""
     entries = tuple(e.strip() for e in settings.guardrail_trusted_keys if e.strip())
     return entries or (str(settings.home_dir / "keys" / PUBLIC_KEY_FILE_NAME),)
 
 
-_sets: dict[tuple[tuple[str, ...], pathlib.Path | None], TrustSet] = {}
-_sets_lock = threading.Lock()
+class TrustSets:
+    """A process's trust sets, one per list of entries, each made with `clock` and `files`."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, files: KeyFiles = LOCAL_FILES) -> None:
+        self._clock, self._files = clock, files
+        self._sets: dict[tuple[tuple[str, ...], pathlib.Path | None], TrustSet] = {}
+        self._lock = threading.Lock()
+
+    def of(self, settings: Settings) -> TrustSet:
+        configured = any(e.strip() for e in settings.guardrail_trusted_keys)
+        derive_from = None if configured else settings.home_dir / "keys" / KEY_FILE_NAME
+        key = (trust_entries(settings), derive_from)
+        with self._lock:
+            found = self._sets.get(key)
+            if found is None:
+                found = self._sets[key] = TrustSet(key[0], derive_from=derive_from, clock=self._clock,
+                                                   files=self._files)
+            return found
+
+
+_process_sets = TrustSets()
+
+
+def use_trust_sets(sets: TrustSets) -> TrustSets:
+    """Make `sets` this process's trust sets (a test starts as a new process would, with no set
+    read yet); returns the ones it replaces."""
+    global _process_sets
+    previous, _process_sets = _process_sets, sets
+    return previous
 
 
 def trust_set(settings: Settings) -> TrustSet:
     """This process's TrustSet for `settings` (one per list of entries)."""
-    configured = any(e.strip() for e in settings.guardrail_trusted_keys)
-    derive_from = None if configured else settings.home_dir / "keys" / KEY_FILE_NAME
-    key = (trust_entries(settings), derive_from)
-    with _sets_lock:
-        found = _sets.get(key)
-        if found is None:
-            found = _sets[key] = TrustSet(key[0], derive_from=derive_from)
-        return found
+    return _process_sets.of(settings)
 
 
 def trusted_fingerprints(settings: Settings, *, recheck: bool = False, announce: bool = False) -> frozenset[str]:

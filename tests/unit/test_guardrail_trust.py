@@ -10,6 +10,7 @@ import errno
 import os
 import pathlib
 import sys
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -45,9 +46,11 @@ from projections.projector.rejections import is_infrastructure_failure
 
 
 @pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch) -> None:
+def fresh_registry() -> Iterator[None]:
     """Each test starts as a new process would: no trust set read yet."""
-    monkeypatch.setattr(trust, "_sets", {})
+    previous = trust.use_trust_sets(trust.TrustSets())
+    yield
+    trust.use_trust_sets(previous)
 
 
 class Clock:
@@ -58,24 +61,31 @@ class Clock:
         return self.now
 
 
-class Counting:
-    """Counts the stats and the reads of key files the trust set makes."""
+class Counting(trust.KeyFiles):
+    """The real key files, counting the stats and the reads the trust set makes; a stat or a read
+    fails with `stat_error` / `read_error` while one is set."""
 
-    def __init__(self, monkeypatch) -> None:
+    def __init__(self) -> None:
         self.stats: list[pathlib.Path] = []
         self.reads: list[pathlib.Path] = []
-        stat, read = trust._stat, trust.public_key_fingerprint
+        self.stat_error: OSError | None = None
+        self.read_error: OSError | None = None
 
-        def counted_stat(path):
-            self.stats.append(path)
-            return stat(path)
+    def stat(self, path):
+        self.stats.append(path)
+        if self.stat_error is not None:
+            raise self.stat_error
+        return super().stat(path)
 
-        def counted_read(path):
-            self.reads.append(path)
-            return read(path)
+    def fingerprint(self, path):
+        self.reads.append(path)
+        if self.read_error is not None:
+            raise self.read_error
+        return super().fingerprint(path)
 
-        monkeypatch.setattr(trust, "_stat", counted_stat)
-        monkeypatch.setattr(trust, "public_key_fingerprint", counted_read)
+
+EMFILE = OSError(errno.EMFILE, "Too many open files")
+EACCES = PermissionError(errno.EACCES, "Permission denied")
 
 
 _written = iter(range(1, 10**6))
@@ -163,11 +173,11 @@ def test_the_configured_set_is_read_from_the_environment(tmp_path: pathlib.Path,
 # -- reload: a stat a second, a read when it changed ----------------------------------------------
 
 
-def test_files_are_stated_at_most_once_a_second_and_read_only_when_changed(tmp_path, monkeypatch) -> None:
-    clock, seen = Clock(), Counting(monkeypatch)
+def test_files_are_stated_at_most_once_a_second_and_read_only_when_changed(tmp_path) -> None:
+    clock, seen = Clock(), Counting()
     first, second = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     path = tmp_path / "ops.pub"
-    ts = TrustSet([_public(path, first)], clock=clock)
+    ts = TrustSet([_public(path, first)], clock=clock, files=seen)
     assert ts.fingerprints() == {fingerprint(first)}
     assert (len(seen.stats), len(seen.reads)) == (1, 1)
     for _ in range(100):  # calls within the second: not even a stat
@@ -220,37 +230,30 @@ def test_no_file_contents_are_kept(tmp_path: pathlib.Path) -> None:
 # -- a failure keeps the last good set -------------------------------------------------------------
 
 
-def test_an_unreadable_or_broken_file_keeps_the_key_it_gave_last(tmp_path, monkeypatch) -> None:
-    clock = Clock()
+def test_an_unreadable_or_broken_file_keeps_the_key_it_gave_last(tmp_path) -> None:
+    clock, files = Clock(), Counting()
     key, rotated = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     path = tmp_path / "ops.pub"
-    ts = TrustSet([_public(path, key)], clock=clock)
+    ts = TrustSet([_public(path, key)], clock=clock, files=files)
     assert ts.fingerprints() == {fingerprint(key)}
 
-    def emfile(*args, **kwargs):
-        raise OSError(errno.EMFILE, "Too many open files")
-
-    def eacces(path):
-        raise PermissionError(errno.EACCES, "Permission denied")
-
-    real_stat = trust._stat
     with structlog.testing.capture_logs() as logs:
         os.utime(path, ns=(2, 2))  # changed, so it is read again at each check
-        monkeypatch.setattr(trust, "open", emfile, raising=False)  # the module's open()
+        files.read_error = EMFILE
         for _ in range(5):  # five checks, a second apart, all failing
             clock.now += 1.0
             assert ts.fingerprints() == {fingerprint(key)}
-        monkeypatch.delattr(trust, "open")
+        files.read_error = None
         path.write_bytes(b"-----BEGIN PUBLIC KEY-----\n")  # a writer half-way: not parsable
         for _ in range(3):
             clock.now += 1.0
             assert ts.fingerprints() == {fingerprint(key)}
         clock.now += 60.0
         assert ts.fingerprints() == {fingerprint(key)}  # still broken a minute on: said again
-        monkeypatch.setattr(trust, "_stat", eacces)
+        files.stat_error = EACCES
         clock.now += 1.0
         assert ts.fingerprints() == {fingerprint(key)}
-        monkeypatch.setattr(trust, "_stat", real_stat)
+        files.stat_error = None
         _public(path, rotated)  # fixed
         clock.now += 1.0
         assert ts.fingerprints() == {fingerprint(rotated)}
@@ -264,15 +267,11 @@ def test_an_unreadable_or_broken_file_keeps_the_key_it_gave_last(tmp_path, monke
     assert any(e["event"] == "guardrail trust set" and e["fingerprints"] == [fingerprint(rotated)] for e in logs)
 
 
-def test_a_first_load_that_fails_is_unavailable_until_it_succeeds(tmp_path, monkeypatch) -> None:
-    clock, key = Clock(), Ed25519PrivateKey.generate()
+def test_a_first_load_that_fails_is_unavailable_until_it_succeeds(tmp_path) -> None:
+    clock, key, files = Clock(), Ed25519PrivateKey.generate(), Counting()
     path = tmp_path / "ops.pub"
-    ts = TrustSet([_public(path, key), fingerprint(Ed25519PrivateKey.generate())], clock=clock)
-
-    def eacces(*args, **kwargs):
-        raise PermissionError(errno.EACCES, "Permission denied")
-
-    monkeypatch.setattr(trust, "open", eacces, raising=False)
+    ts = TrustSet([_public(path, key), fingerprint(Ed25519PrivateKey.generate())], clock=clock, files=files)
+    files.read_error = EACCES
     with pytest.raises(GuardrailTrustUnavailable) as raised:
         ts.fingerprints()
     error = raised.value
@@ -283,7 +282,7 @@ def test_a_first_load_that_fails_is_unavailable_until_it_succeeds(tmp_path, monk
     assert str(tmp_path) not in error.message and not error.metadata
     assert "Permission denied" in error.problems[0]
     assert is_infrastructure_failure(error)
-    monkeypatch.delattr(trust, "open")
+    files.read_error = None
     with pytest.raises(GuardrailTrustUnavailable):
         ts.fingerprints()  # within the second: not looked at again
     clock.now += 1.0
@@ -353,7 +352,7 @@ def test_the_verifier_never_reads_the_private_key(tmp_path: pathlib.Path, opened
     load_trust(settings)  # the API's start
     assert trusted_fingerprints(settings, recheck=True) == {fingerprint(key)}  # its calls
     monkeypatch.setenv("CONTEXT_ENGINE_HOME", str(tmp_path))
-    monkeypatch.setattr(trust, "_sets", {})
+    trust.use_trust_sets(trust.TrustSets())  # another process: the worker
     assert configured_trusted_fingerprints(recheck=True) == {fingerprint(key)}  # the worker's
     assert str(public_key_path(private)) in opened
     assert str(private) not in opened
@@ -365,7 +364,7 @@ def test_an_earlier_homes_private_key_is_read_once_to_derive_its_public_half(tmp
     key = Ed25519PrivateKey.generate()
     private.write_bytes(_private_pem(key))  # a home of an earlier release: no .pub
     clock = Clock()
-    monkeypatch.setattr(trust, "TrustSet", lambda entries, **kw: TrustSet(entries, clock=clock, **kw))
+    trust.use_trust_sets(trust.TrustSets(clock=clock))
     settings = Settings(home=tmp_path)
     opened.clear()
     load_trust(settings)  # whoever starts first derives it
@@ -377,7 +376,7 @@ def test_an_earlier_homes_private_key_is_read_once_to_derive_its_public_half(tmp
     os.unlink(public_key_path(private))
     clock.now += 1.0
     assert trusted_fingerprints(settings) == frozenset()
-    monkeypatch.setattr(trust, "_sets", {})  # another process, started after: the .pub is there again
+    trust.use_trust_sets(trust.TrustSets())  # another process, started after: the .pub is there again
     ensure_signing_key(private)
     opened.clear()
     assert trusted_fingerprints(settings) == {fingerprint(key)}
@@ -396,19 +395,18 @@ def test_a_service_does_not_start_on_an_entry_it_cannot_read(tmp_path: pathlib.P
         path.write_bytes(b"not a key")
     else:
         path.mkdir()
-    monkeypatch.setattr(trust, "_sets", {})
     with pytest.raises(trust.GuardrailTrustMisconfigured, match=str(path)):
         load_trust(Settings(home=tmp_path, guardrail_trusted_keys=[str(path)]))
 
 
-def test_a_file_written_within_its_mtime_tick_is_read_again(tmp_path, monkeypatch) -> None:
+def test_a_file_written_within_its_mtime_tick_is_read_again(tmp_path) -> None:
     """Rewritten in place with the same size inside one mtime tick, a file's stat does not change:
     while its mtime is recent, every look reads it, so the second key is not missed."""
-    clock, seen = Clock(), Counting(monkeypatch)
+    clock, seen = Clock(), Counting()
     first, second = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     path = tmp_path / "ops.pub"
     path.write_bytes(public_key_pem(first))
-    ts = TrustSet([str(path)], clock=clock)
+    ts = TrustSet([str(path)], clock=clock, files=seen)
     assert ts.fingerprints() == {fingerprint(first)}
     before = os.stat(path)
     path.write_bytes(public_key_pem(second))  # in place: same inode, same size
