@@ -13,6 +13,7 @@ outcome for the same retrieval.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import random
 import uuid
@@ -37,8 +38,7 @@ from inference import tokens
 from projections.assembly import turn_labels
 from projections.assembly.packing import Block, Packed, pack
 from projections.projector.outcome import ProjectionOutcome
-from projections.reads import corpus_totals, session_reads
-from projections.reads.pull_context import await_scan
+from projections.reads import corpus_totals, session_reads, sessions
 from projections.reads.quarantined_matches import Quarantined
 from projections.reads.search import MAX_QUERY_BYTES, ChunkHit, SearchOutcome, SearchQuery, search
 from projections.reads.session_reads import MUST_INCLUDE_HINT, PINNED_HINT, SessionReads
@@ -158,8 +158,7 @@ async def assemble_context(deps: Deps, principal: Principal, cmd: AssembleContex
     retrieved = [_retrieved_block(s.payload, s.score, cmd.session_id)
                  for s in (retrieval.result.results if retrieval else ())]
 
-    def count(text: str) -> int:
-        return tokens.count_tokens_remembered(text, cmd.model_id)
+    count = functools.partial(tokens.count_tokens_remembered, model_id=cmd.model_id)
 
     def packed_with(history: list[Block]) -> Packed:
         return pack(layers=reads.layers, pinned=reads.pinned, required=reads.required, retrieved=retrieved,
@@ -202,20 +201,20 @@ async def _read_session(deps: Deps, principal: Principal, cmd: AssembleContext, 
     scope = principal.scope
     trusted = trusted_fingerprints(deps.settings)  # UNAVAILABLE rather than a prompt without its layers
 
-    def authorize(session) -> None:
-        try:
-            require_readable(session, scope, cmd.session_id)
-        except NotFound:
-            access_audit.denied(deps, principal, "session", cmd.session_id, "use_in_assembly", "not_visible")
-            raise
-
     try:
         async with org_transaction(deps.pool, scope.org_id, readonly=True) as conn:
+            session = await sessions.get_session(conn, scope.org_id, cmd.session_id)
+            if session is not None:  # refused before anything else is read
+                try:
+                    require_readable(session, scope, cmd.session_id)
+                except NotFound:
+                    access_audit.denied(deps, principal, "session", cmd.session_id, "use_in_assembly", "not_visible")
+                    raise
             return await session_reads.read_session(
-                conn, scope, cmd.session_id, authorize=authorize,
-                trusted=trusted, pinned_ids=pinned_ids, required_keys=required_keys,
-                window=deps.settings.history_window, read_tokens=int(HISTORY_READ_FACTOR * cmd.token_budget),
-                scanned=lambda memory: await_scan(deps.pool, memory, deps.settings.pii_scan_wait_seconds))
+                conn, scope, cmd.session_id, session, trusted=trusted, pinned_ids=pinned_ids,
+                required_keys=required_keys, window=deps.settings.history_window,
+                read_tokens=int(HISTORY_READ_FACTOR * cmd.token_budget),
+                scans=session_reads.ScanWait(deps.pool, deps.settings.pii_scan_wait_seconds))
     except NotFound as exc:
         if exc.reason == "PINNED_CHUNK_NOT_FOUND":
             await access_audit.denied_resources(deps, principal, "chunk", exc.metadata["chunk_ids"].split(","),

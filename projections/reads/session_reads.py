@@ -11,7 +11,7 @@ neither history nor a must_include target. SQL only, no protobuf.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -24,10 +24,20 @@ from projections.assembly import turn_labels
 from projections.assembly.packing import Block
 from projections.reads import sessions
 from projections.reads.guardrail_layers import current_layers
+from projections.reads.pull_context import await_scan
 from projections.reads.share_grants import held_sql
 
 PINNED_HINT = "pinned_chunk_ids"
 MUST_INCLUDE_HINT = "must_include"
+
+
+@dataclass(frozen=True)
+class ScanWait:
+    """A pending memory's PII scan is waited for on `pool` (another connection: the scan's
+    commit is not in this transaction's snapshot) for up to `timeout` seconds."""
+
+    pool: asyncpg.Pool
+    timeout: float
 
 
 @dataclass(frozen=True)
@@ -45,24 +55,20 @@ class SessionReads:
     owner_path: str | None = None  # the session's owner scope, None for a session not written yet
 
 
-async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, *,
-                       authorize: Callable[[sessions.Session], object], trusted: Collection[str],
-                       pinned_ids: Sequence[str], required_keys: Sequence[str], window: int, read_tokens: int,
-                       scanned: Callable[[sessions.MemoryVersion], Awaitable[sessions.MemoryVersion]]) -> SessionReads:
+async def read_session(conn: asyncpg.Connection, scope: Scope, session_id: str, session: sessions.Session | None,
+                       *, trusted: Collection[str], pinned_ids: Sequence[str], required_keys: Sequence[str],
+                       window: int, read_tokens: int, scans: ScanWait) -> SessionReads:
     """Layers, pinned and required blocks, the history window (newest first, only the turns whose
     newer turns hold at most `read_tokens` stored tokens), the session's active tokens (all, and
     those the caller sees) and whether a compaction request is open, on `conn`'s transaction.
 
-    `authorize` is given the session when it exists, before anything else is read (it raises to
-    refuse it); `trusted` are the guardrail key fingerprints trusted now; `scanned` waits for a
-    pending memory's PII scan."""
+    `session`: the session's row (`sessions.get_session` on this transaction, None when it does
+    not exist), which the caller has authorized; `trusted` are the guardrail key fingerprints
+    trusted now; `scans`: how a pending memory's PII scan is waited for."""
     org, visible = scope.org_id, Visibility.of(scope)
-    session = await sessions.get_session(conn, org, session_id)
-    if session is not None:
-        authorize(session)
     layers = [Block("layer", r.content, key=f"L{r.level}") for r in await current_layers(conn, scope, trusted=trusted)]
     pinned, pinned_shares = await _pinned(conn, org, visible, pinned_ids)
-    required = [await _required(conn, org, scope.agent_id, session_id, visible, key, scanned) for key in required_keys]
+    required = [await _required(conn, org, scope.agent_id, session_id, visible, key, scans) for key in required_keys]
     history_rows = await _history_rows(conn, org, session_id, visible, window, read_tokens)
     totals = await conn.fetchrow(
         "SELECT coalesce(sum(token_count), 0) AS tokens,"
@@ -196,7 +202,7 @@ def _pinned_block(row) -> Block:
 
 
 async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_id: str, visible: Visibility,
-                    key: str, scanned: Callable[[sessions.MemoryVersion], Awaitable[sessions.MemoryVersion]]) -> Block:
+                    key: str, scans: ScanWait) -> Block:
     field_name = f"hints.{MUST_INCLUDE_HINT}"
     if key.startswith("event:"):
         event_id = key.split(":", 1)[1]
@@ -214,7 +220,7 @@ async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_i
         raise NotFound(f"{field_name}: {key!r}: agent {agent_id!r} has no {key} memory in session {session_id!r}",
                        reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
     if memory.pii_status == "pending":  # just pushed: its scan is moments away
-        memory = await scanned(memory)
+        memory = await await_scan(scans.pool, memory, scans.timeout)
     if memory.pii_status != "clear":
         raise FailedPrecondition(
             f"{field_name}: {key!r}: the latest {key} memory is {memory.pii_status} by the PII scan "
