@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: up test unit integration test-external proto proto-check contract install install-dev bench-smoke clean
+.PHONY: up test unit integration test-external proto proto-check contract install install-dev clean
 
 # Base install: everything `up` needs, torch kept out.
 $(VENV)/.base-installed: pyproject.toml
