@@ -153,33 +153,39 @@ class TestInMemoryReadBack(ReadBackContract):
         yield Backend(fake, project)
 
 
-async def postgres_backend(admin_url: str) -> AsyncIterator[Backend]:
-    """The real projector writing as the worker does, the port reading as the API does."""
-    log = Log()
-    conn = await asyncpg.connect(admin_url)
-    pool = await create_pool(app_url(admin_url, APP_ROLE, APP_PASSWORD), max_size=2)
-    try:
-        async def project(ev: Event) -> str:
-            [applied] = await apply_batch(conn, log.append(ev))
-            return str(getattr(applied.outcome, "value", applied.outcome))
+class PostgresReadBackContract(ReadBackContract):
+    """The real projector writing as the worker does, the port reading as the API does, on the
+    database a subclass gives (`database`, a migrated database's superuser URL)."""
 
-        yield Backend(PostgresReadBack(pool), project)
-    finally:
-        await pool.close()
-        await conn.close()
+    @pytest.fixture
+    def database(self) -> str:
+        raise NotImplementedError("the factory hook: a subclass gives its database")
+
+    @pytest.fixture
+    async def backend(self, database: str) -> AsyncIterator[Backend]:
+        log = Log()
+        conn = await asyncpg.connect(database)
+        pool = await create_pool(app_url(database, APP_ROLE, APP_PASSWORD), max_size=2)
+        try:
+            async def project(ev: Event) -> str:
+                [applied] = await apply_batch(conn, log.append(ev))
+                return str(getattr(applied.outcome, "value", applied.outcome))
+
+            yield Backend(PostgresReadBack(pool), project)
+        finally:
+            await pool.close()
+            await conn.close()
 
 
 @pytest.mark.integration
-class TestEmbeddedPostgresReadBack(ReadBackContract):
+class TestEmbeddedPostgresReadBack(PostgresReadBackContract):
     @pytest.fixture
-    async def backend(self, embedded_database: str) -> AsyncIterator[Backend]:
-        async for backend in postgres_backend(embedded_database):
-            yield backend
+    def database(self, embedded_database: str) -> str:
+        return embedded_database
 
 
 @pytest.mark.integration
-class TestExternalPostgresReadBack(ReadBackContract):
+class TestExternalPostgresReadBack(PostgresReadBackContract):
     @pytest.fixture
-    async def backend(self, external_database: str) -> AsyncIterator[Backend]:
-        async for backend in postgres_backend(external_database):
-            yield backend
+    def database(self, external_database: str) -> str:
+        return external_database
