@@ -231,14 +231,20 @@ async def compare(live_url: str, rebuilt_url: str) -> list[Difference]:
         await rebuilt.close()
 
 
+# An event can be on the log and not yet projected while the stack runs: a record missing from
+# the archive is looked for again until this long after the log was read.
+IN_FLIGHT_GRACE_S = 10.0
+
+
 async def verify(records: AsyncIterator[list[LogRecord]], admin_url: str, *,
                  log: tuple[AsyncIterator[list[LogRecord]], str] | None = None,
-                 progress: Callable[[int], None] | None = None) -> tuple[ReplayReport, list[Difference]]:
+                 progress: Callable[[int], None] | None = None,
+                 in_flight_grace_s: float = IN_FLIGHT_GRACE_S) -> tuple[ReplayReport, list[Difference]]:
     """Rebuild from `records` into a scratch database and compare its read models with the live
     ones; with `log` (the broker's records of a topic, and that topic), also compare the log with
     the archive and the set-aside records, so that an event the read models never received is
     named too."""
-    differences = await compare_log(*log, admin_url) if log is not None else []
+    differences = await compare_log(*log, admin_url, in_flight_grace_s) if log is not None else []
     scratch = await admin.create_database(admin_url, admin.timestamped_name("context_engine_verify"))
     try:
         report = await replay(records, scratch, progress=progress)
@@ -247,12 +253,8 @@ async def verify(records: AsyncIterator[list[LogRecord]], admin_url: str, *,
         await admin.drop_database(admin_url, admin.database_of(scratch))
 
 
-# An event can be on the log and not yet projected while the stack runs: a record missing from
-# the archive is looked for again until this long after the log was read.
-IN_FLIGHT_GRACE_S = 10.0
-
-
-async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url: str) -> list[Difference]:
+async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url: str,
+                      in_flight_grace_s: float = IN_FLIGHT_GRACE_S) -> list[Difference]:
     """Every record of the log is archived or set aside, and every event archived before the log
     was read is on the log. `log` holds the authentic records only (`read_log`): one no trusted
     writer signed is neither, by design, and is reported apart (RefusedRecord). The archive's mark
@@ -270,7 +272,7 @@ async def compare_log(log: AsyncIterator[list[LogRecord]], topic: str, admin_url
                 if GUARDRAIL_PUBLISHED.encode() in rec.raw:
                     layers[sha256_hex(rec.raw)] = bytes(rec.raw)
         refused: set[str] = set()
-        deadline = time.monotonic() + IN_FLIGHT_GRACE_S
+        deadline = time.monotonic() + in_flight_grace_s
         while True:
             archived = await archive_reads.archive_seqs_by_event(conn, topic)
             set_aside = await archive_reads.set_aside_record_hashes(conn, topic)

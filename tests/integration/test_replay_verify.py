@@ -1,4 +1,8 @@
-"""Determinism of the version chain, replay into an empty database, and verify."""
+"""Determinism of the version chain, replay into an empty database, and verify.
+
+The chain's test replays the shared deployment's log, every event the suite wrote before it; the
+tests of what verify names run on a small deployment of this module's own (`own`), since verify
+replays the whole log each time it runs."""
 
 import asyncio
 import base64
@@ -17,13 +21,11 @@ from streams.replay import compare, read_archive, replay, verify
 from streams.topics import LogTopics
 from tests.fixtures.calls import wait_embedded
 from tests.fixtures.databases import fresh_database
-from tests.fixtures.engine import unique
+from tests.fixtures.engine import running_engine, unique
 from tests.fixtures.replay import log_of
 from upsquad.context.v1 import context_pb2 as pb
 
 pytestmark = pytest.mark.integration
-
-
 
 SESSIONS, EVENTS = 10, 1000
 
@@ -98,6 +100,13 @@ async def row_counts(url: str, org: str) -> dict[str, int]:
         await conn.close()
 
 
+@pytest.fixture(scope="module")
+async def own(postgres_url, kafka_bootstrap, tmp_path_factory):
+    """A deployment with its own database and topics, for verify's tests."""
+    async with running_engine(postgres_url, kafka_bootstrap, tmp_path_factory.mktemp("verify-home")) as running:
+        yield running
+
+
 async def test_chain_is_a_pure_function_of_the_log_and_replay_reproduces_it(engine):
     org = unique("org")
     contents = await ingest_workload(engine, org)
@@ -119,13 +128,13 @@ async def test_chain_is_a_pure_function_of_the_log_and_replay_reproduces_it(engi
         assert await compare(engine.settings.database_url, target) == []
 
 
-async def test_verify_reports_nothing_then_names_a_tampered_event(engine):
+async def test_verify_reports_nothing_then_names_a_tampered_event(own):
     org = unique("org")
-    caller = engine.caller(org, clearance=3)
+    caller = own.caller(org, clearance=3)
     for n in range(5):
         await caller("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message",
                                                           content=f"turn {n}".encode()))
-    settings = engine.settings
+    settings = own.settings
     topic = LogTopics.from_settings(settings).events
     _, differences = await verify(log_of(settings, topic), settings.database_url)
     assert differences == []
@@ -146,15 +155,15 @@ async def test_verify_reports_nothing_then_names_a_tampered_event(engine):
     assert report.events > 0
 
 
-async def test_verify_names_an_event_on_the_log_the_read_models_never_received(engine):
+async def test_verify_names_an_event_on_the_log_the_read_models_never_received(own):
     """A record the projector set aside is accounted for, on every source; one that is on the
     log and in neither the archive nor rejected_events is a difference, named by its event id."""
     from aiokafka import AIOKafkaProducer
 
     org = unique("org")
-    caller = engine.caller(org, clearance=3)
+    caller = own.caller(org, clearance=3)
     await caller("IngestEvent", pb.IngestEventRequest(session_id="s", event_type="message", content=b"kept"))
-    settings = engine.settings
+    settings = own.settings
     topic = LogTopics.from_settings(settings).events
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     await producer.start()
@@ -164,7 +173,7 @@ async def test_verify_names_an_event_on_the_log_the_read_models_never_received(e
                                      headers=signer_from_settings(settings).headers(topic, key, garbage))
     finally:
         await producer.stop()
-    await settled(engine, org)
+    await settled(own, org)
     conn = await asyncpg.connect(settings.database_url)
     try:  # set aside (a row to account for), not refused unread
         assert await conn.fetchval("SELECT count(*) FROM rejected_events WHERE topic = $1 AND raw = $2",
@@ -185,15 +194,15 @@ async def test_verify_names_an_event_on_the_log_the_read_models_never_received(e
         yield [LogRecord(topic, 0, 10**9, lost.to_bytes())]
 
     _, differences = await verify(read_archive(settings.database_url, topic), settings.database_url,
-                                  log=(log_with_lost_event(), topic))
+                                  log=(log_with_lost_event(), topic), in_flight_grace_s=1.0)
     assert [(d.event_id, d.where) for d in differences] == [(lost.event_id, f"log record {topic}[0]@{10**9}")]
 
 
 @pytest.mark.parametrize("source", ["log", "archive"])
-async def test_the_verify_command_reads_a_log_with_set_aside_records(engine, source):
+async def test_the_verify_command_reads_a_log_with_set_aside_records(own, source):
     from aiokafka import AIOKafkaProducer
 
-    settings = engine.settings
+    settings = own.settings
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     topic = LogTopics.from_settings(settings).events
     await producer.start()
@@ -204,9 +213,9 @@ async def test_the_verify_command_reads_a_log_with_set_aside_records(engine, sou
     finally:
         await producer.stop()
     org = unique("org")
-    await engine.caller(org, clearance=1)("IngestEvent", pb.IngestEventRequest(
+    await own.caller(org, clearance=1)("IngestEvent", pb.IngestEventRequest(
         session_id="s", event_type="message", content=b"after the garbage"))
-    await settled(engine, org)
-    code, out = await engine.cli("verify", "--source", source)
+    await settled(own, org)
+    code, out = await own.cli("verify", "--source", source)
     assert code == 0, out
     assert "0 difference(s)" in out and "Traceback" not in out
