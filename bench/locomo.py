@@ -8,6 +8,11 @@ import re
 from dataclasses import dataclass, field
 
 LOCOMO_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "locomo"
+# Every weight, floor or rule fitted on LoCoMo is fitted on the first six conversations and judged
+# on the last four (issue #38).
+FIT = ("26", "30", "41", "42", "43", "44")
+HELD_OUT = ("47", "48", "49", "50")
+SPLITS = (("fit", FIT), ("held out", HELD_OUT))
 _EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
 
 

@@ -26,7 +26,9 @@ prompts that hold that turn (its chunk id, and the prompt ends with its text).
 
 Per budget:
   evidence coverage   per question |evidence turns in the prompt| / |evidence|, averaged
-                      (comparable with R@N tok of bench/locomo_search.py); a turn is in the
+                      (comparable with R@N tok of bench/locomo_search.py); "any": the share of
+                      questions with at least one evidence turn in the prompt (any@N tok there);
+                      a turn is in the
                       prompt when its chunk id is in chunk_ids; the prompt text is checked too
                       (the turn's text found in the prompt) and disagreements are counted;
   split               the same coverage counted only in the `## Retrieved context` section and
@@ -69,7 +71,7 @@ disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC 
 import asyncpg
 import grpc  # noqa: E402
 from grpc_load import call_with_retry
-from locomo import Conversation, load_locomo
+from locomo import SPLITS, Conversation, load_locomo
 from locomo_search import CATEGORIES, REFERENCE, Item, items_of, org_of
 from options import add_locomo_options, add_setting_option, stack_settings
 from report import load_average, machine, percentile
@@ -87,8 +89,6 @@ SEPARATOR = "\n\n"
 GOAL_BUDGET = 2000
 GOAL_REDUCTION = 0.85
 MIN_SENTENCE = 12
-FIT = ("26", "30", "41", "42", "43", "44")  # the conversations a recipe is fitted on
-HELD_OUT = ("47", "48", "49", "50")  # and those it is judged on
 BEST_PLAIN = ("RRF", REFERENCE["RRF"][4])  # R@2k tok of the best plain ranker in the issue (.793)
 _HISTORY_HEADING = re.compile(r"(?:^|\n\n)## Recent conversation\n\n")
 _RETRIEVED_HEADING = re.compile(r"(?:^|\n\n)## Retrieved context\n\n")
@@ -171,6 +171,7 @@ class Call:
     assembled_tokens: int
     counted_tokens: int  # count_tokens(prompt, "gpt-4") on the client
     coverage: float  # by chunk id
+    any_evidence: bool  # at least one evidence turn in the prompt (by chunk id)
     coverage_text: float  # by text
     retrieved_cov: float
     history_cov: float
@@ -238,7 +239,7 @@ def measure(i: int, item: Item, budget: int, latency: float, response, corpus: C
     return Call(
         item=i, budget=budget, latency=latency, assembled_tokens=response.assembled_tokens,
         counted_tokens=count_tokens(prompt, MODEL),
-        coverage=len(evidence & by_id) / n, coverage_text=len(by_text) / n,
+        coverage=len(evidence & by_id) / n, any_evidence=bool(evidence & by_id), coverage_text=len(by_text) / n,
         retrieved_cov=len(evidence & in_retrieved) / n, history_cov=len(evidence & (in_history - in_retrieved)) / n,
         retrieved_blocks=len(in_retrieved), history_blocks=len(in_history),
         retrieved_tokens=count_tokens(retrieved_text.strip(), MODEL) if retrieved_text.strip() else 0,
@@ -349,6 +350,7 @@ def summary(calls: list[Call]) -> dict[str, float]:
     return {
         "n": len(calls),
         "coverage": mean([c.coverage for c in calls]),
+        "any": mean([1.0 if c.any_evidence else 0.0 for c in calls]),
         "coverage_text": mean([c.coverage_text for c in calls]),
         "coverage_sentences": mean([c.coverage_sentences for c in calls]),
         "newest": mean([1.0 if c.newest else 0.0 for c in calls if c.newest is not None]),
@@ -371,10 +373,10 @@ def summary(calls: list[Call]) -> dict[str, float]:
 
 def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
     print(title)
-    print(f"{'':<14}{'n':>6}{'coverage':>10}{'by text':>9}{'by sent':>9}{'retrieved':>11}{'history':>9}"
+    print(f"{'':<14}{'n':>6}{'coverage':>10}{'any':>7}{'by text':>9}{'by sent':>9}{'retrieved':>11}{'history':>9}"
           f"{'newest':>8}{'tokens':>8}{'retr tok':>10}{'hist tok':>10}{'reduction':>11}{'p50 ms':>8}{'p95 ms':>8}")
     for name, s in rows.items():
-        print(f"{name:<14}{s['n']:>6}{s['coverage']:>10.3f}{s['coverage_text']:>9.3f}{s['coverage_sentences']:>9.3f}"
+        print(f"{name:<14}{s['n']:>6}{s['coverage']:>10.3f}{s['any']:>7.3f}{s['coverage_text']:>9.3f}{s['coverage_sentences']:>9.3f}"
               f"{s['from_retrieved']:>11.3f}{s['from_history']:>9.3f}{s['newest']:>8.3f}{s['assembled_tokens']:>8.0f}"
               f"{s['retrieved_tokens']:>10.0f}{s['history_tokens']:>10.0f}{s['reduction']:>11.1%}"
               f"{s['p50_ms']:>8.1f}{s['p95_ms']:>8.1f}")
@@ -466,7 +468,7 @@ def main() -> None:
     for budget in args.budgets:
         mine = [c for c in calls if c.budget == budget]
         rows = {"all": summary(mine)}
-        for split, names in (("fit", FIT), ("held out", HELD_OUT)):
+        for split, names in SPLITS:
             sel = [c for c in mine if items[c.item].conversation.name in names]
             if sel:
                 rows[split] = summary(sel)
@@ -481,7 +483,8 @@ def main() -> None:
               f"latency p99 {s['p99_ms']:.1f} ms, mean {s['mean_ms']:.1f} ms")
         print()
         report["per_budget"][budget] = rows
-    print("coverage: mean over questions of the share of evidence turns in the prompt (chunk ids); 'by text': the "
+    print("coverage: mean over questions of the share of evidence turns in the prompt (chunk ids); 'any': the share "
+          "of questions with at least one evidence turn in it; 'by text': the "
           "same with the turn's text searched in the prompt; retrieved / history: the share found in each section; "
           "tokens: mean assembled_tokens; reduction: mean of 1 - assembled / full conversation")
     if GOAL_BUDGET in args.budgets:

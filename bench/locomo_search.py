@@ -19,10 +19,14 @@ Plain rankers, in this process, on the same documents and questions:
          conversation;
   RRF    1/(60 + rank_bm25) + 1/(60 + rank_dense) over the two full rankings (ranks from 1).
 
-Evidence recall (as in docs/retrieval.md): per question |evidence in the first k ranked turns| /
-|evidence|, averaged over questions; evidence ids normalised (`D:11:26` -> D11:26, lists split).
-R@N tok: the longest prefix of the ranking whose turns total <= N cl100k tokens
-(`count_tokens(turn, "gpt-4")`).
+Two measures, at k = 5 / 10 / 25 ranked turns and within 1k / 2k / 4k tokens:
+  evidence recall  (R@, as in docs/retrieval.md) per question |evidence in the first k ranked
+                   turns| / |evidence|, averaged over questions;
+  any evidence     (any@) the share of questions with at least one evidence turn there.
+Evidence ids normalised (`D:11:26` -> D11:26, lists split). "N tok": the longest prefix of the
+ranking whose turns total <= N cl100k tokens (`count_tokens(turn, "gpt-4")`). Rows: all ten
+conversations, those a recipe is fitted on (conv-26, 30, 41, 42, 43, 44) and those it is judged on
+(conv-47, 48, 49, 50), and each category.
 
     .venv/bin/python bench/locomo_search.py                          # all 10 conversations, ~4 min
     .venv/bin/python bench/locomo_search.py --limit-conversations 2  # quick run
@@ -47,7 +51,7 @@ disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC 
 import grpc  # noqa: E402
 import numpy as np
 from grpc_load import RETRIES, call_with_retry
-from locomo import Conversation, Question, load_locomo
+from locomo import SPLITS, Conversation, Question, load_locomo
 from options import add_locomo_options
 from rank_bm25 import BM25Okapi
 from report import load_average, machine, percentile
@@ -64,6 +68,7 @@ CATEGORIES = (1, 2, 3, 4)
 KS = (5, 10, 25)
 BUDGETS = (1000, 2000, 4000)
 COLUMNS = [f"R@{k}" for k in KS] + [f"R@{b // 1000}k tok" for b in BUDGETS]
+ANY_COLUMNS = [f"any@{k}" for k in KS] + [f"any@{b // 1000}k tok" for b in BUDGETS]
 RRF_K = 60
 # The issue's numbers for the plain rankers (R@5, R@10, R@25, R@1k, R@2k, R@4k tok).
 REFERENCE = {
@@ -90,10 +95,11 @@ def org_of(c: Conversation) -> str:
 
 # -- recall ------------------------------------------------------------------------------------
 
-def recall_row(ranking: list[str], evidence: tuple[str, ...], tokens: dict[str, int]) -> list[float]:
-    """R@k for KS, then R@budget for BUDGETS, for one question."""
+def evidence_row(ranking: list[str], evidence: tuple[str, ...], tokens: dict[str, int]) -> list[float]:
+    """For one question: R@k for KS, R@budget for BUDGETS, then the same columns as any-evidence
+    hits (1.0 when at least one evidence turn is there)."""
     wanted = set(evidence)
-    row = [len(wanted.intersection(ranking[:k])) / len(wanted) for k in KS]
+    found = [wanted.intersection(ranking[:k]) for k in KS]
     for budget in BUDGETS:
         used, taken = 0, set()
         for dia_id in ranking:
@@ -101,8 +107,8 @@ def recall_row(ranking: list[str], evidence: tuple[str, ...], tokens: dict[str, 
             if used > budget:
                 break
             taken.add(dia_id)
-        row.append(len(wanted & taken) / len(wanted))
-    return row
+        found.append(wanted & taken)
+    return [len(f) / len(wanted) for f in found] + [1.0 if f else 0.0 for f in found]
 
 
 def token_short(ranking: list[str], tokens: dict[str, int], budget: int) -> bool:
@@ -215,19 +221,21 @@ async def engine_rankings(stack: Stack, items: list[Item], concurrency: int) -> 
 # -- report -------------------------------------------------------------------------------------
 
 def table(title: str, rows: dict[str, list[float]], n: int) -> list[str]:
-    lines = [f"{title} ({n:,} questions)", f"{'ranker':<28}" + "".join(f"{c:>10}" for c in COLUMNS)]
+    """Evidence recall and any-evidence columns side by side, one row per ranker."""
+    lines = [f"{title} ({n:,} questions)",
+             f"{'ranker':<28}" + "".join(f"{c:>11}" for c in COLUMNS + ANY_COLUMNS)]
     for name, values in rows.items():
-        lines.append(f"{name:<28}" + "".join(f"{v:>10.3f}" for v in values))
+        lines.append(f"{name:<28}" + "".join(f"{v:>11.3f}" for v in values))
     return lines
 
 
 def comparison(engine: list[float], plain: dict[str, list[float]]) -> list[str]:
     lines = []
     for name, values in plain.items():
-        lines.append(f"{'Search - ' + name:<28}" + "".join(f"{e - v:>+10.3f}" for e, v in zip(engine, values)))
-    best = [max(values[i] for values in plain.values()) for i in range(len(COLUMNS))]
+        lines.append(f"{'Search - ' + name:<28}" + "".join(f"{e - v:>+11.3f}" for e, v in zip(engine, values)))
+    best = [max(values[i] for values in plain.values()) for i in range(len(engine))]
     lines.append(f"{'beats best plain':<28}" + "".join(
-        f"{'yes' if e > b + 1e-9 else 'tie' if abs(e - b) <= 1e-9 else 'no':>10}" for e, b in zip(engine, best)))
+        f"{'yes' if e > b + 1e-9 else 'tie' if abs(e - b) <= 1e-9 else 'no':>11}" for e, b in zip(engine, best)))
     return lines
 
 
@@ -269,7 +277,7 @@ def main() -> None:
     def mean_rows(selected: list[int]) -> dict[str, list[float]]:
         rows = {}
         for name, ranks in rankings.items():
-            per_q = [recall_row(ranks[i], items[i].question.evidence, doc_tokens[items[i].conversation.name])
+            per_q = [evidence_row(ranks[i], items[i].question.evidence, doc_tokens[items[i].conversation.name])
                      for i in selected]
             rows[name] = [statistics.fmean(col) for col in zip(*per_q)]
         return rows
@@ -291,10 +299,17 @@ def main() -> None:
     print(f"Search outcomes: {run.outcomes}; results per call: median {statistics.median(run.results):.0f}, "
           f"min {min(run.results)}; rankings holding < {BUDGETS[-1]} tokens: {short}")
     print()
-    lines = table("evidence recall, all categories", overall, len(items))
-    lines += [f"{'(issue) ' + name:<28}" + "".join(f"{v:>10.3f}" for v in ref) for name, ref in REFERENCE.items()]
+    lines = table("all ten conversations, all categories", overall, len(items))
+    lines += [f"{'(issue) ' + name:<28}" + "".join(f"{v:>11.3f}" for v in ref) for name, ref in REFERENCE.items()]
     lines += comparison(overall["engine Search"], {k: v for k, v in overall.items() if k != "engine Search"})
     print("\n".join(lines))
+    per_split = {}
+    for split, names in SPLITS:
+        selected = [i for i, it in enumerate(items) if it.conversation.name in names]
+        if selected:
+            per_split[split] = mean_rows(selected)
+            print()
+            print("\n".join(table(f"{split} (conv-{', '.join(names)})", per_split[split], len(selected))))
     per_category = {}
     for cat in CATEGORIES:
         selected = [i for i, it in enumerate(items) if it.question.category == cat]
@@ -309,7 +324,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({
             "machine": machine(), "conversations": len(conversations), "turns": n_turns, "questions": len(items),
-            "columns": COLUMNS, "overall": overall, "per_category": per_category, "reference": REFERENCE,
+            "columns": COLUMNS + ANY_COLUMNS, "overall": overall, "per_split": per_split,
+            "per_category": per_category, "reference": REFERENCE,
             "search_latency_ms": {"p50": percentile(ms, 50), "p95": percentile(ms, 95), "p99": percentile(ms, 99)},
             "outcomes": run.outcomes, "ingest": {"events": events, "seconds": ingest_s},
             "embed_wait_s": embed_wait_s}, indent=2))
