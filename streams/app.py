@@ -58,12 +58,19 @@ from streams.kafka_security import faust_credentials
 from streams.topics import LogTopics, ensure_log_topics
 from streams.windowed_stream import WindowedStream
 
-__all__ = ["RefusalLog", "WorkerApp", "create_app", "project_batch", "run_worker"]
+__all__ = ["RefusalLog", "WorkerApp", "consumer_group", "create_app", "project_batch", "run_worker"]
 
 log = structlog.get_logger("context_engine.worker")
 
-APP_ID = "context-engine-workers"
 IDLE_AFTER_EMPTY_FETCHES = 200  # ~1 s without records at the 5 ms wait
+
+
+def consumer_group(settings: Settings) -> str:
+    """The Kafka consumer group of one deployment's workers (Faust's app id), named by its topic
+    prefix: deployments that share a cluster then never rebalance, nor lead, each other's
+    workers. The default prefix gives the name every deployment once shared, so a default one
+    keeps its committed offsets."""
+    return f"{settings.topic_prefix}-workers"
 
 
 def _low_latency_transport(settings: Settings) -> type[faust_aiokafka.Transport]:
@@ -122,7 +129,7 @@ def create_app(settings: Settings, bootstrap: str, *,
 
 def _worker_app(settings: Settings, bootstrap: str) -> WorkerApp:
     app = WorkerApp(
-        APP_ID,
+        consumer_group(settings),
         broker=[f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()],  # a cluster's brokers
         store="memory://",
         web_enabled=False,

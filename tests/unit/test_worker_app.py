@@ -73,6 +73,19 @@ def test_every_agent_reads_its_topic_and_the_tasks_start_in_order(settings):
         "sweep_backlog", "assign_vectors", "sweep_at_start", "compact_open_requests_at_start", "compact_lost_requests"]
 
 
+def test_deployments_sharing_a_cluster_have_consumer_groups_of_their_own(tmp_path):
+    """A worker joining, leaving or killed in one deployment must not rebalance another's (they
+    shared one group once, and a full suite's deployments on one broker did)."""
+    def group(prefix: str | None) -> str:
+        extra = {} if prefix is None else {"topic_prefix": prefix}
+        return create_app(Settings(home=tmp_path / "home", **extra), "localhost:1",
+                          load_embedder=load_fake_embedder).conf.id
+    groups = {prefix: group(prefix) for prefix in (None, "tenant-a", "tenant-b", "tenant-a.x")}
+    assert len(set(groups.values())) == len(groups)
+    # the default deployment's group is the name it always had: its committed offsets still count
+    assert groups[None] == "context-engine-workers"
+
+
 async def test_agents_starting_together_share_one_pool(settings, pools):
     made = pools.made
     resources = resources_of(settings, pools)
