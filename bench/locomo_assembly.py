@@ -75,7 +75,7 @@ from locomo import SPLITS, Conversation, load_locomo
 from locomo_search import CATEGORIES, REFERENCE, Item, items_of, org_of
 from options import add_locomo_options, add_setting_option, stack_settings
 from report import load_average, machine, percentile
-from stack import Stack, wait_for_vectors
+from stack import Stack, stack_cpu_seconds, wait_for_vectors
 from tqdm import tqdm
 
 from inference.summarizers.extractive import sentences
@@ -427,9 +427,10 @@ def main() -> None:
         problems = asyncio.run(check_store(endpoints["database_url"], conversations, event_ids))
         for c in conversations:
             corpora[c.name].dia_of_chunk = {turn_chunk_id(event_ids[(c.name, d)]): d for d, _ in c.turns}
-        load_before = load_average()
+        load_before, cpu_before, phase_started = load_average(), stack_cpu_seconds(stack), time.monotonic()
         calls = asyncio.run(assemble_all(stack, items, args.budgets, corpora, question_turn=args.question_turn,
                                          compaction=args.compaction_on_threshold))
+        cpu_s, phase_s = stack_cpu_seconds(stack) - cpu_before, time.monotonic() - phase_started
         load_after = load_average()
     finally:
         stack.stop()
@@ -447,6 +448,8 @@ def main() -> None:
           f"{'when the stack received them' if args.no_dialogue_times else 'their LoCoMo session date_time'}")
     print("store checks: "
           f"{problems or 'every turn is one chunk with id UUIDv5(event_id#0); sessions in dialogue order'}")
+    print(f"AssembleContext CPU: {cpu_s / len(calls) * 1000:.1f} ms of stack CPU per call ({cpu_s:.1f} s user+system "
+          f"of every stack process over {phase_s:.1f} s of calls, idle polling included)")
     over = sum(c.assembled_tokens > c.budget for c in calls)
     mismatched = sum(c.assembled_tokens != c.counted_tokens for c in calls)
     disagree = sum(abs(c.coverage - c.coverage_text) > 1e-9 for c in calls)

@@ -55,7 +55,7 @@ from locomo import SPLITS, Conversation, Question, load_locomo
 from options import add_locomo_options
 from rank_bm25 import BM25Okapi
 from report import load_average, machine, percentile
-from stack import Stack, wait_for_vectors
+from stack import Stack, stack_cpu_seconds, wait_for_vectors
 from tqdm import tqdm
 
 from inference.minilm_embedder import MiniLMEmbedder
@@ -264,8 +264,9 @@ def main() -> None:
         events, ingest_s = asyncio.run(ingest(stack, conversations, args.ingest_concurrency))
         chunks, embed_wait_s = wait_for_vectors(endpoints["database_url"], [org_of(c) for c in conversations],
                                                 events)
-        load_before = load_average()
+        load_before, cpu_before, phase_started = load_average(), stack_cpu_seconds(stack), time.monotonic()
         run = asyncio.run(engine_rankings(stack, items, args.search_concurrency))
+        cpu_s, phase_s = stack_cpu_seconds(stack) - cpu_before, time.monotonic() - phase_started
         load_after = load_average()
     finally:
         stack.stop()
@@ -296,6 +297,8 @@ def main() -> None:
           f"retried calls {dict(RETRIES) or 'none'}")
     print(f"Search latency ms: p50 {percentile(ms, 50):.1f}  p95 {percentile(ms, 95):.1f}  "
           f"p99 {percentile(ms, 99):.1f}  mean {statistics.fmean(ms):.1f}  ({len(ms):,} calls)")
+    print(f"Search CPU: {cpu_s / len(ms) * 1000:.1f} ms of stack CPU per call ({cpu_s:.1f} s user+system of every "
+          f"stack process over {phase_s:.1f} s of calls, idle polling included)")
     print(f"Search outcomes: {run.outcomes}; results per call: median {statistics.median(run.results):.0f}, "
           f"min {min(run.results)}; rankings holding < {BUDGETS[-1]} tokens: {short}")
     print()
@@ -327,6 +330,7 @@ def main() -> None:
             "columns": COLUMNS + ANY_COLUMNS, "overall": overall, "per_split": per_split,
             "per_category": per_category, "reference": REFERENCE,
             "search_latency_ms": {"p50": percentile(ms, 50), "p95": percentile(ms, 95), "p99": percentile(ms, 99)},
+            "search_cpu_ms_per_call": cpu_s / len(ms) * 1000,
             "outcomes": run.outcomes, "ingest": {"events": events, "seconds": ingest_s},
             "embed_wait_s": embed_wait_s}, indent=2))
 

@@ -148,6 +148,13 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def stack_cpu_seconds(stack: Stack) -> float:
+    """User + system CPU seconds used so far by the whole stack (`stack_pids`), from /proc; the
+    difference across a phase divided by its calls is the stack-wide CPU per call. A backend that
+    exits inside the phase takes its seconds with it, so this is a lower bound."""
+    return _cpu_seconds(stack_pids(stack))
+
+
 def wait_quiet(stack: Stack, *, below: float = 0.5, window: float = 5.0, timeout: float = 900.0) -> float:
     """Wait until the whole stack uses less than `below` of one core over `window` seconds (after a
     restart the API restores the log from the archive and the worker re-projects it; after a load
