@@ -6,11 +6,12 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 
 .PHONY: up test unit integration test-external proto proto-check contract install install-dev clean
 
-# Base install: everything `up` needs, torch kept out.
-$(VENV)/.base-installed: pyproject.toml
+# Base install: everything `up` needs, torch kept out; and the Python client (clients/python,
+# a distribution of its own) with its development tokens and MCP server.
+$(VENV)/.base-installed: pyproject.toml clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install -e .
+	$(PIP) install -e . -e 'clients/python[dev-token,mcp]'
 	touch $@
 
 # Tests also need the dev tools and the detector extra (torch 2.13.0 CPU, gliner).

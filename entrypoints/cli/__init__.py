@@ -14,6 +14,7 @@ from entrypoints.cli.call import call
 from entrypoints.cli.guardrail import guardrail_app
 from entrypoints.cli.history import history
 from entrypoints.cli.keys import keys_app
+from entrypoints.cli.mcp import EXTRA_ARGS, mcp
 from entrypoints.cli.models import models_app
 from entrypoints.cli.pii import pii_app
 from entrypoints.cli.processes import migrate, serve_app, up, worker
@@ -30,6 +31,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 # `--help` lists the commands, then the groups, each in the order registered here.
 for command in (up, status, call, history, replay, verify, reindex, worker, migrate, audit):
     app.command()(command)
+app.command(context_settings=EXTRA_ARGS)(mcp)
 app.add_typer(token_app, name="token")
 app.add_typer(serve_app, name="serve")
 app.add_typer(pii_app, name="pii")
