@@ -51,20 +51,35 @@ class Created:
     created_at: dt.datetime
 
 
+def example_path(level: str, org_id: str) -> str:
+    """A scope path of `level` in `org_id`, for messages: 'acme/sales/apac' for a team of acme."""
+    return "/".join([org_id or "acme", "sales", "apac", "bot-7"][: LEVELS.index(level) + 1])
+
+
 def grantee(level: str, scope_id: str, org_id: str) -> Scope:
-    """The grantee named by its level and path, in `org_id`."""
+    """The grantee named by its level and path, in `org_id`. Each refusal says the field is a
+    scope path (the spec calls it the grantee entity's UUID) and gives one of `level`."""
     field = "grantee_scope_id"
+    article = "an" if level[0] in "aeiou" else "a"
+    example = f"{org_id!r} for the org itself" if level == "org" else \
+        f"{example_path(level, org_id)!r} for {article} {level} in org {org_id!r}"
+    form = f"grantee_scope_id is the grantee's scope path, not an id: its ids from the org down, '/'-separated, " \
+           f"e.g. {example}"
     if not scope_id:
-        raise InvalidArgument(field, "is required: the grantee's scope path, e.g. 'acme/sales/apac' for a team")
+        raise InvalidArgument(field, f"is required: {form}")
     parts = scope_id.split("/")
     for part in parts:
-        validation.identifier(part, field)
+        try:
+            validation.identifier(part, field)
+        except InvalidArgument as exc:
+            raise InvalidArgument(field, f"{exc.message.removeprefix(field + ': ')} (each part of the path); "
+                                         f"{form}") from None
     if len(parts) != LEVELS.index(level) + 1:
-        raise InvalidArgument(field, f"names a scope {len(parts)} level(s) deep; a {level} is "
-                                     f"{LEVELS.index(level) + 1} (the path from the org down, '/'-separated)")
+        raise InvalidArgument(field, f"names a scope {len(parts)} level(s) deep; {article} {level} is "
+                                     f"{LEVELS.index(level) + 1}: {form}")
     if parts[0] != org_id:
         raise PermissionDenied(f"grantee_scope_id: {scope_id[:80]!r} is not in the caller's org {org_id!r}; "
-                               "grants stay within an org", reason="GRANTEE_OUTSIDE_ORG",
+                               f"grants stay within an org ({form})", reason="GRANTEE_OUTSIDE_ORG",
                                metadata={"field": field})
     return Scope(*parts)
 

@@ -37,6 +37,16 @@ def retry_advice(target_version_hash: str) -> RetryAdvice:
                        {"target_version_hash": target_version_hash})
 
 
+def version_not_found(org_id: str, command: RollbackContext) -> NotFound:
+    """The session never had the target version: which hashes are targets, and where to find them."""
+    return NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}; a rollback "
+                    "target is a version of the session's chain (CreateSnapshot's or Compact's version_hash, "
+                    "RollbackContext's restored_version_hash, or any version "
+                    f"`context-engine history --org {org_id} --session {command.session_id}` lists), not "
+                    "IngestEvent's or PushContext's version_hash, which is the SHA-256 of their content",
+                    reason="VERSION_NOT_FOUND", metadata={"field": "target_version_hash"})
+
+
 async def rollback_context(deps: Deps, principal: Principal, command: RollbackContext) -> RolledBack:
     clearance.require(principal.clearance, clearance.Action.ROLLBACK)
     validation.session_id(command.session_id)
@@ -46,8 +56,7 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
                                require=require_rewritable) as (conn, _):
         if await sessions.session_has_version(conn, org, command.session_id,
                                              command.target_version_hash) is None:
-            raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
-                           reason="VERSION_NOT_FOUND", metadata={"field": "target_version_hash"})
+            raise version_not_found(org, command)
 
     session = SessionRef(org, command.session_id)
     event = Event.of(SessionRolledBack(command.session_id, command.target_version_hash),
@@ -56,6 +65,5 @@ async def rollback_context(deps: Deps, principal: Principal, command: RollbackCo
     if outcome == ProjectionOutcome.OUT_OF_SCOPE:  # the projector applies the same rule
         raise refused_write(deps, principal, command.session_id, "rollback")
     if outcome == ProjectionOutcome.UNKNOWN_TARGET:
-        raise NotFound(f"session {command.session_id!r} never had version {command.target_version_hash}",
-                       reason="VERSION_NOT_FOUND", metadata={"field": "target_version_hash"})
+        raise version_not_found(org, command)
     return RolledBack(command.target_version_hash, event.occurred)

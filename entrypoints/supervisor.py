@@ -11,13 +11,16 @@ Once SERVING, `up` restarts a child that exits (kill -9, a crash) with a bounded
 (streams/readiness.py). `up` returns when it gets SIGINT/SIGTERM (exit 0) or when a child or the
 embedded broker dies more often than its restart budget allows (exit 1); either way it stops
 every child (SIGTERM, then SIGKILL after a grace period), then the broker, then PostgreSQL.
-Children also get PR_SET_PDEATHSIG so they cannot outlive a killed `up`.
+Children also get PR_SET_PDEATHSIG so they cannot outlive a killed `up`. One `up` per data
+directory: the first thing `up` does is lock `run/up.lock` (claim_home); a second one is refused
+there, before it touches anything of the running stack's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -49,6 +52,11 @@ from streams import readiness
 from streams.topics import ensure_log_topics
 
 DATABASE_NAME = "context_engine"
+# The scope of the banner's token and call commands: the README's examples' (acme/sales/emea). A
+# token reads what its own scope and the scopes above it own, so an org-level token would find
+# nothing the README's examples write (tests/unit/test_banner_and_readme.py holds them together).
+EXAMPLE_SCOPE = {"org": "acme", "pillar": "sales", "team": "emea"}
+EXAMPLE_CLEARANCE = 3
 # The detector reaches neither PostgreSQL nor the broker, and signs nothing: it is given none of
 # their settings (URLs, passwords and password files, TLS keys, the log keyring, the JWT key,
 # the embedding API key).
@@ -120,12 +128,15 @@ class Stack:
         self.stopping = threading.Event()
         self.broker_restarts: list[float] = []  # monotonic times of restarts in the last minute
         self.env: dict[str, str] = {}
+        self.claim: int | None = None  # the data directory's lock (claim_home), once this `up` holds it
 
     def say(self, message: str) -> None:
         print(f"[up] {message}", flush=True)
 
     # -- start ---------------------------------------------------------------------------
     def start(self) -> dict[str, str]:
+        # First: another `up` on this data directory is named, and none of its files is touched.
+        self.claim = claim_home(self.home)
         check_ports(self.settings)  # before anything starts: a taken port is named, not "api exited with 1"
         self.logs.mkdir(parents=True, exist_ok=True)
         keys = self.home / "keys"  # earlier releases made it 0755; closed to the engine's user here
@@ -154,9 +165,9 @@ class Stack:
                                              settings={"shared_buffers": f"{buffers}MB"})
             self.postgres.start()
             database_url = self.postgres.ensure_database(DATABASE_NAME)
-            self.say(f"PostgreSQL (embedded, pid {self.postgres.pid}) at {_redact(database_url)}")
+            self.say(f"PostgreSQL (embedded, pid {self.postgres.pid}) at {redact_url(database_url)}")
         else:
-            self.say(f"PostgreSQL (external) at {_redact(database_url)}")
+            self.say(f"PostgreSQL (external) at {redact_url(database_url)}")
         env[f"{ENV_PREFIX}DATABASE_URL"] = database_url
         applied = migrate_schema(self.settings, database_url)
         self.say(f"schema migrations: {', '.join(applied) if applied else 'up to date'}")
@@ -284,6 +295,8 @@ class Stack:
 
     # -- stop ------------------------------------------------------------------------------
     def stop(self) -> None:
+        if self.claim is None:  # refused before anything started: the directory is another `up`'s
+            return
         deadline = time.monotonic() + self.settings.shutdown_grace_seconds + 5.0
         for child in reversed(self.children):
             child.terminate()
@@ -296,6 +309,8 @@ class Stack:
             with contextlib.suppress(Exception):
                 self.postgres.stop()
         stack_file(self.home).unlink(missing_ok=True)
+        os.close(self.claim)
+        self.claim = None
         self.say("stopped")
 
 
@@ -310,6 +325,34 @@ def migrate_schema(settings: Settings, database_url: str) -> list[str]:
 
 def stack_file(home: Path) -> Path:
     return home / "run" / "stack.json"
+
+
+class StackRunning(RuntimeError):
+    """Another `up` holds the data directory."""
+
+
+def claim_home(home: Path) -> int:
+    """Take the data directory for this `up`: an exclusive lock on `run/up.lock` (which holds the
+    pid), kept by the returned descriptor until it is closed or the process ends, however it ends.
+    StackRunning, naming the `up` that holds it and its API, when another does: nothing of that
+    stack's (its run/stack.json, its readiness mark) is touched."""
+    run = home / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run / "up.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        api = read_stack_file(home).get("api_address")
+        raise StackRunning(
+            f"a stack already runs in {home}: `up` pid {holder}, "
+            + (f"ContextEngine at {api}" if api else "still starting")
+            + f" ({command_line()} status --data-dir {home}); stop it (kill -TERM {holder}) first, "
+            "or start this one with another --data-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 def write_stack_file(home: Path, database_url: str, bootstrap: str, *, api_address: str = "",
@@ -391,12 +434,24 @@ def is_serving(address: str, service: str = "") -> bool:
         return False
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
+    """`url` with its password masked (`postgresql://postgres:***@host/db`), to print."""
     head, sep, tail = url.partition("@")
     if not sep or ":" not in head.split("//", 1)[-1]:
         return url
     scheme, _, userinfo = head.partition("//")
     return f"{scheme}//{userinfo.split(':', 1)[0]}:***@{tail}"
+
+
+def banner_commands(home: Path) -> list[str]:
+    """The banner's lines that say how to call the stack: a token command and a `call`, both in
+    EXAMPLE_SCOPE (the README's), and why the scope matters."""
+    scope = " ".join(f"--{level} {name}" for level, name in EXAMPLE_SCOPE.items())
+    return [f"get a token:     {command_line()} token mint {scope} --clearance {EXAMPLE_CLEARANCE} --data-dir {home}",
+            f"or call it:      {command_line()} call Search '{{\"query\": \"refund policy\"}}' {scope} "
+            f"--data-dir {home}",
+            "scopes:          a token reads what its own scope and the scopes above it wrote: "
+            "read with the --org/--pillar/--team you wrote with"]
 
 
 def run_stack(settings: Settings) -> int:
@@ -420,8 +475,8 @@ def run_stack(settings: Settings) -> int:
                       + (" (+1 per API process)" if settings.api_processes > 1 else ""))
         stack.say(f"ML detector      grpc://{settings.detector_address}  (upsquad.ml.v1.MLDetectorService)")
         stack.say(f"data directory   {settings.home_dir}")
-        stack.say(f"get a token:     {command_line()} token mint --org acme --clearance 2"
-                  f" --data-dir {settings.home_dir}")
+        for line in banner_commands(settings.home_dir):
+            stack.say(line)
         for line in degraded_capabilities(settings, command_line()):
             stack.say(f"degraded: {line}")
         stack.say("Ctrl-C or SIGTERM stops everything")

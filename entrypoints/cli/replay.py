@@ -50,16 +50,19 @@ def replay(
     data_dir: DataDir = None,
 ) -> None:
     """Rebuild every read model from the log into an empty database, and the audit trail from
-    its stream."""
+    its stream. Without --into the new database stays: its name is printed, with the SQL that
+    drops it."""
+    from entrypoints.supervisor import redact_url
     from projections.store import admin
     from streams.replay import replay as run_replay
 
     settings = stack_settings(data_dir)
+    admin_url = required(settings.database_url, "database_url")
     refused: list = []
+    created = None if into else admin.timestamped_name("context_engine_replay")
 
     async def go():
-        target = into or await admin.create_database(
-            settings.database_url, admin.timestamped_name("context_engine_replay"))
+        target = into or await admin.create_database(admin_url, created)
         bar, set_total = _progress("replay")
         with bar:
             report = await run_replay(_records(settings, source_name, set_total, refused.append), target,
@@ -70,8 +73,12 @@ def replay(
     for record in refused:
         typer.echo(str(record))
     typer.echo(f"replayed {report.events} events in {report.seconds:.2f}s "
-               f"({report.rate:,.0f} events/s) and {audit_rows} audit rows into {target}"
+               f"({report.rate:,.0f} events/s) and {audit_rows} audit rows into {redact_url(target)}"
                + (f"; left out {len(refused)} record(s) no trusted writer signed" if refused else ""))
+    if created:
+        typer.echo(f"database {created} is new and stays; to drop it, run as the admin of {redact_url(admin_url)} "
+                   f"(the database_url of run/stack.json, or CONTEXT_ENGINE_DATABASE_URL): "
+                   f"{admin.drop_database_sql(created)};")
 
 
 async def _audit_rows(settings: Settings, target: str) -> int:

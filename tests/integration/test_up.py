@@ -12,7 +12,6 @@ import concurrent.futures
 import json
 import os
 import pathlib
-import re
 import shlex
 import signal
 import socket
@@ -30,6 +29,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from entrypoints.supervisor import CHILD_RESTARTS_PER_MINUTE, DETECTOR_WITHHELD
 from tests.fixtures.infra import START_TIMEOUT_S, deployment_env
+from tests.fixtures.up import Up, free_port
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
@@ -38,12 +38,6 @@ pytestmark = pytest.mark.integration
 
 RECOVERY_TIMEOUT_S = START_TIMEOUT_S  # a deadline for "it comes back"
 SERVING = health_pb2.HealthCheckResponse.SERVING
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def descendants(pid: int) -> set[int]:
@@ -106,47 +100,6 @@ def rpc_count(text: str, method: str, code: str) -> float:
                 and f'code="{code}"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-class Up:
-    def __init__(self, home: pathlib.Path, *options: str) -> None:
-        self.home = home
-        self.api_port, self.detector_port = free_port(), free_port()
-        self.lines: list[str] = []
-        env = deployment_env()
-        if "--metrics-port" not in options:
-            options = (*options, "--metrics-port", "0")
-        self.env = env
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "context_engine", "up", "--data-dir", str(home),
-             "--api-port", str(self.api_port), "--detector-port", str(self.detector_port), *options],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
-        self.reader.start()
-
-    def wait_serving(self) -> float:
-        started = time.monotonic()
-        deadline = started + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if any("SERVING after" in line for line in self.lines):
-                return time.monotonic() - started
-            assert self.proc.poll() is None, "up exited early:\n" + "".join(self.lines)
-            time.sleep(0.1)
-        raise AssertionError("up never reached SERVING:\n" + "".join(self.lines))
-
-    def database_url(self) -> str:
-        """The admin URL with its password: from the stack file (up prints it redacted)."""
-        for line in self.lines:
-            if match := re.search(r"PostgreSQL \(embedded, pid \d+\) at (\S+)", line):
-                assert ":***@" in match[1], match[1]
-                return json.loads((self.home / "run" / "stack.json").read_text())["database_url"]
-        raise AssertionError("no database line:\n" + "".join(self.lines))
-
-    def finish(self, timeout: float = 30) -> str:
-        self.proc.wait(timeout=timeout)
-        self.reader.join(timeout=5)
-        self.proc.stdout.close()
-        return "".join(self.lines)
 
 
 def health(port: int, service: str = "") -> int:
@@ -409,7 +362,7 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
                           .returncode == 0 and "engine.quarantined_matches: 1" in r.stderr and r,
                           "Search to count the quarantined memory", up)
         assert "engine.quarantine_reason: 1 matching item quarantined by the PII scan" in held.stderr, held.stderr
-        assert "results" not in json.loads(held.stdout)  # the org's searchable turn is below the floor
+        assert json.loads(held.stdout)["results"] == []  # the org's searchable turn is below the floor
 
         # kill -9 of the API process a client's channel is connected to: the channel reconnects
         # to the other one (SO_REUSEPORT), and up starts the killed one again.
@@ -489,6 +442,34 @@ def test_up_names_a_taken_port_and_the_setting_that_moves_it(service_tmp_path):
     ran = subprocess.run([sys.executable, "-m", "context_engine", "status", "--data-dir", str(home)],
                          capture_output=True, text=True, timeout=60, env=env)
     assert ran.returncode == 1 and "no stack runs in" in ran.stderr, ran.stdout + ran.stderr
+
+
+def test_a_second_up_on_the_same_directory_is_refused_and_leaves_the_first_alone(service_tmp_path):
+    """Issue #39, item 3: a second `up` beside a running one once deleted its run/stack.json on the
+    way out, so status, history, audit, verify and replay said no stack ran while it served."""
+    home = service_tmp_path / "home"
+    first = Up(home)
+    try:
+        first.wait_serving()
+        stack = (home / "run" / "stack.json").read_bytes()
+        ready = (home / "run" / "worker.ready").stat().st_mtime_ns
+        second = Up(home)  # other ports: only the data directory is shared
+        output = second.finish(timeout=120)
+        assert second.proc.returncode == 1, output
+        assert f"a stack already runs in {home}: `up` pid {first.proc.pid}, " \
+               f"ContextEngine at 127.0.0.1:{first.api_port}" in output, output
+        assert "stopped" not in output and "PostgreSQL" not in output, output  # refused before anything started
+        assert (home / "run" / "stack.json").read_bytes() == stack
+        assert (home / "run" / "worker.ready").stat().st_mtime_ns == ready
+        ran = subprocess.run([sys.executable, "-m", "context_engine", "status", "--data-dir", str(home), "--json"],
+                             capture_output=True, text=True, timeout=60, env=first.env)
+        assert ran.returncode == 0 and json.loads(ran.stdout)["api"]["serving"], ran.stdout + ran.stderr
+        assert first.proc.poll() is None
+    finally:
+        first.proc.send_signal(signal.SIGTERM)
+    output = first.finish()
+    assert first.proc.returncode == 0, output
+    assert not (home / "run" / "stack.json").exists()  # the first's own, removed as it stops
 
 
 def _answers_metrics(port: int) -> bool:
