@@ -88,6 +88,7 @@ class TokenVerifier:
         self._issuer = settings.jwt_issuer
         self._audience = settings.jwt_audience
         self._leeway = settings.jwt_leeway_seconds
+        self._max_lifetime = settings.jwt_max_lifetime_seconds
         # Agents send the same token on every call: a verified token is remembered until it expires.
         self._verified: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
 
@@ -149,6 +150,11 @@ class TokenVerifier:
             raise Unauthenticated(f"token lacks a required claim: {exc.claim}", reason="TOKEN_CLAIM_MISSING") from exc
         except jwt.InvalidTokenError as exc:
             raise Unauthenticated(f"token rejected: {exc}", reason="TOKEN_INVALID") from exc
+        issued = float(claims.get("iat", time.time()))
+        if self._max_lifetime and float(claims["exp"]) - issued > self._max_lifetime + self._leeway:
+            raise Unauthenticated(f"token lives {(float(claims['exp']) - issued) / 3600:.1f} h; at most "
+                                  f"{self._max_lifetime / 3600:g} h (jwt_max_lifetime_seconds)",
+                                  reason="TOKEN_LIFETIME_TOO_LONG")
         return _principal(claims), float(claims["exp"])
 
 

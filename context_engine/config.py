@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     jwt_leeway_seconds: int = 10
+    # The longest a token may live (exp - iat, or exp - now without iat); 0 = no maximum. A token
+    # minted for 100,000 days is a password that never expires.
+    jwt_max_lifetime_seconds: int = Field(default=24 * 3600, ge=0)
 
     # gRPC servers.
     grpc_max_message_bytes: int = 8 * 1024 * 1024

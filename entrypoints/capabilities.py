@@ -27,4 +27,17 @@ def degraded_capabilities(settings: Settings, command: str) -> list[str]:
         lines.append(f"MLDetectorService.Classify answers UNAVAILABLE: no Prompt-Guard model in "
                      f"{detector.prompt_guard_path} — {command} models import prompt-guard --from DIR "
                      "(docs/detector.md)")
+    if (loose := loose_mode(settings.home_dir)) is not None:
+        lines.append(f"the data directory {settings.home_dir} is open to other users (mode {loose:o}): its logs "
+                     f"name every caller's org and subject — chmod 700 {settings.home_dir} (docs/security.md)")
     return lines
+
+
+def loose_mode(home: os.PathLike[str]) -> int | None:
+    """The data directory's mode when group or others may list or write it, else None (passing
+    through, o+x, is what the embedded PostgreSQL's own user needs when `up` runs as root)."""
+    try:
+        mode = os.stat(home).st_mode & 0o777
+    except OSError:
+        return None
+    return mode if mode & 0o066 else None

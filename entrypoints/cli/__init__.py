@@ -45,6 +45,9 @@ def main() -> None:
     """Run the app; an error that escapes a command is one line on stderr, with its reason code
     and a hint, and exit 1 (the traceback with CONTEXT_ENGINE_LOG_LEVEL=DEBUG, and in a service
     process's JSON log as its `exception` field)."""
+    # What a command creates is its user's alone: the data directory, keys, logs (which name
+    # every caller's org and subject), and everything the processes of `up` write.
+    os.umask(0o077)
     try:
         app()
     except Exception as exc:  # click's own usage errors and exits never get here

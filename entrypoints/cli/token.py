@@ -28,10 +28,15 @@ def token_mint(
     from context_engine.errors import InvalidArgument
 
     settings = command_settings(home=data_dir)
+    lifetime = parse_duration(ttl)
+    if settings.jwt_max_lifetime_seconds and lifetime.total_seconds() > settings.jwt_max_lifetime_seconds:
+        raise typer.BadParameter(f"{ttl} is longer than the API accepts: at most "
+                                 f"{settings.jwt_max_lifetime_seconds} s (CONTEXT_ENGINE_JWT_MAX_LIFETIME_SECONDS)",
+                                 param_hint="--ttl")
     key = ensure_dev_key(settings.hs256_key_path)
     try:
         token = mint_token(key, org=org, pillar=pillar, team=team, agent=agent, clearance=clearance,
-                           subject=subject, ttl=parse_duration(ttl))
+                           subject=subject, ttl=lifetime)
     except InvalidArgument as exc:
         raise typer.BadParameter(exc.message) from exc
     typer.echo(token)

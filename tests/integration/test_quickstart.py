@@ -46,6 +46,13 @@ def run(stack: Up, code: str) -> str:
     return done.stdout
 
 
+def test_up_keeps_its_data_directory_to_its_user(stack: Up) -> None:
+    """Logs name every caller's org and subject; keys sign tokens (issue #41, item 5)."""
+    assert stack.home.stat().st_mode & 0o066 == 0  # o+x at most: the embedded PostgreSQL's user passes
+    for path in [*(stack.home / "logs").iterdir(), *(stack.home / "keys").iterdir(), stack.home / "run" / "stack.json"]:
+        assert path.stat().st_mode & 0o077 == 0, path
+
+
 def test_the_readme_quick_start_runs_as_written(stack: Up) -> None:
     quick = re.search(r"## Quick start.*?```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
     assert quick, "the README has no quick start"

@@ -97,7 +97,8 @@ def test_asymmetric_production_keys(tmp_path, alg, make_key):
                                             serialization.PublicFormat.SubjectPublicKeyInfo)
     (tmp_path / "pub.pem").write_bytes(pem)
     settings = Settings(home=tmp_path, jwt_algorithms=[alg], jwt_public_key_file=tmp_path / "pub.pem")
-    claims = {"sub": "svc", "org_id": "acme", "agent_id": "", "clearance": 2, "exp": 9999999999}
+    exp = int((dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).timestamp())
+    claims = {"sub": "svc", "org_id": "acme", "agent_id": "", "clearance": 2, "exp": exp}
     principal = TokenVerifier(settings).verify(jwt.encode(claims, private, algorithm=alg))
     assert principal.scope == Scope("acme")
     # An HS256 token is not accepted by a server configured for asymmetric keys only.
@@ -120,3 +121,32 @@ def test_a_remembered_token_still_expires(settings):
     time.sleep(1.5)
     with pytest.raises(Unauthenticated):
         verifier.verify(token)
+
+
+@pytest.mark.parametrize("lifetime, issued_at, accepted", [
+    (dt.timedelta(hours=1), True, True),
+    (dt.timedelta(hours=24), True, True),                 # the default maximum itself
+    (dt.timedelta(hours=25), True, False),
+    (dt.timedelta(days=100_000), True, False),            # `token mint --ttl 100000d` before the limit
+    (dt.timedelta(days=30), False, False),                # no iat: what is left of it counts
+])
+def test_a_token_may_live_at_most_the_configured_lifetime(settings, lifetime, issued_at, accepted):
+    key = ensure_dev_key(settings.hs256_key_path)
+    now = dt.datetime.now(dt.UTC)
+    claims = {"sub": "x", "org_id": "acme", "clearance": 2, "exp": int((now + lifetime).timestamp())}
+    if issued_at:
+        claims["iat"] = int(now.timestamp())
+    token = jwt.encode(claims, key, algorithm="HS256")
+    if accepted:
+        assert TokenVerifier(settings).verify(token).scope == Scope("acme")
+    else:
+        with pytest.raises(Unauthenticated) as err:
+            TokenVerifier(settings).verify(token)
+        assert err.value.reason == "TOKEN_LIFETIME_TOO_LONG" and "jwt_max_lifetime_seconds" in err.value.message
+
+
+def test_no_maximum_lifetime_when_the_setting_is_zero(tmp_path):
+    settings = Settings(home=tmp_path, jwt_max_lifetime_seconds=0)
+    token = mint_token(ensure_dev_key(settings.hs256_key_path), org="acme", clearance=1,
+                       ttl=dt.timedelta(days=3650))
+    assert TokenVerifier(settings).verify(token).clearance == 1
