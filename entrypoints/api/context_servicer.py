@@ -194,6 +194,7 @@ def search_result_metadata(scored, expansion_applied: bool, share_id: str = "") 
         "engine.score.vector": f"{scored.vector:.6f}",
         "engine.score.lexical": f"{scored.lexical:.6f}",
         "engine.score.recency": f"{scored.recency:.6f}",
+        "engine.score.neighbour": f"{scored.neighbour:.6f}",
         "engine.bm25": f"{hit.bm25:.6f}",
         "engine.fusion": HYBRID.name,
         "engine.expansion_applied": "true" if expansion_applied else "false",

@@ -151,9 +151,11 @@ class ChunkProjection:
 
     async def add(self, *, event_id: str, source_kind: str, session_id: str | None, scope_path: str,
                   content: bytes, metadata: dict[str, Any], created_at: dt.datetime,
-                  pii_status: str = "clear", active: bool = True, added_by: str | None = None) -> None:
+                  pii_status: str = "clear", active: bool = True, added_by: str | None = None,
+                  seq: int | None = None) -> None:
         """Chunk a source's content. `added_by`: the event applying this (default: the source
-        itself; a memory's chunks are added by its memory.scrubbed event). A content longer than
+        itself; a memory's chunks are added by its memory.scrubbed event); `seq`: a turn's
+        position in its session (Search's adjacent-turn lift). A content longer than
         INLINE_INDEX_BYTES is only asked for here (`defer_long`): it is indexed after the commit."""
         if self.defer_long and len(content) > INLINE_INDEX_BYTES:
             self.deferred[event_id] = (source_kind, added_by or event_id)
@@ -161,7 +163,7 @@ class ChunkProjection:
         self.add_analysed(await analyse(event_id, content, metadata), event_id=event_id,
                           source_kind=source_kind,
                           session_id=session_id, scope_path=scope_path, metadata=metadata, created_at=created_at,
-                          pii_status=pii_status, active=active, added_by=added_by)
+                          pii_status=pii_status, active=active, added_by=added_by, seq=seq)
 
     def add_summary_line(self, *, event_id: str, session_id: str, scope_path: str, text: str, tokens: int,
                          metadata: dict[str, Any], created_at: dt.datetime) -> None:
@@ -170,11 +172,12 @@ class ChunkProjection:
         c = summary_line_chunk(event_id, text, tokens)
         self.pending.chunks.append((str(c.id), scope_path, event_id, "summary", session_id, c.index, _domain(metadata),
                                     c.content, c.content_hash, c.token_count, 0, orjson.dumps(metadata).decode(),
-                                    created_at, True, "clear"))
+                                    created_at, True, "clear", None))
 
     def add_analysed(self, analysed: list[tuple[Chunk, DocumentTerms]], *, event_id: str, source_kind: str,
                      session_id: str | None, scope_path: str, metadata: dict[str, Any], created_at: dt.datetime,
-                     pii_status: str = "clear", active: bool = True, added_by: str | None = None) -> None:
+                     pii_status: str = "clear", active: bool = True, added_by: str | None = None,
+                     seq: int | None = None) -> None:
         """`add` of chunks already cut and analysed (`analyse`)."""
         domain = _domain(metadata)
         searchable = active and pii_status == "clear"
@@ -184,7 +187,7 @@ class ChunkProjection:
             self.added_by[cid] = added_by or event_id
             self.pending.chunks.append((cid, scope_path, event_id, source_kind, session_id, c.index,
                                         domain, c.content, c.content_hash, c.token_count,
-                                        doc.length, meta_json, created_at, active, pii_status))
+                                        doc.length, meta_json, created_at, active, pii_status, seq))
             for term, tf in doc.tf.items():
                 self.pending.terms.append((self.org_id, term, c.id, tf, doc.length, scope_path, domain,
                                            searchable, posting_impact(tf, doc.length)))
@@ -416,13 +419,13 @@ ON CONFLICT (org_id, term, scope_path, domain) DO UPDATE SET df = term_stats.df 
 _INSERT_CHUNKS = """
 INSERT INTO chunks (org_id, chunk_id, scope_path, source_event_id, source_kind, session_id, chunk_index,
                     domain, content, content_hash, token_count, term_count, metadata, created_at, active,
-                    pii_status, embedding, embedding_model)
+                    pii_status, seq, embedding, embedding_model)
 SELECT $1, u.*, v.embedding, v.model_version
 FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::int[], $8::text[], $9::text[],
             $10::text[], $11::int[], $12::int[], $13::text[]::jsonb[], $14::timestamptz[], $15::bool[],
-            $16::text[])
+            $16::text[], $17::bigint[])
      AS u(chunk_id, scope_path, source_event_id, source_kind, session_id, chunk_index, domain, content,
-          content_hash, token_count, term_count, metadata, created_at, active, pii_status)
+          content_hash, token_count, term_count, metadata, created_at, active, pii_status, seq)
 LEFT JOIN LATERAL (SELECT embedding, model_version FROM content_vectors cv
                    WHERE cv.org_id = $1 AND cv.content_hash = u.content_hash
                    ORDER BY recorded_at DESC, model_version DESC LIMIT 1) v ON true

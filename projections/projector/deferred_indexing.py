@@ -42,16 +42,16 @@ import orjson
 from projections.projector.chunks import ChunkProjection, analysed_chunks
 
 # Per source kind: its table, key, creation time and PII state.
-_SOURCES = {
-    "event": ("session_events", "event_id", "e.occurred_at", "'clear'"),
-    "memory": ("memory_versions", "event_id", "e.created_at", "e.pii_status"),
+_SOURCES = {  # table, key, created_at, pii_status, the chunks' seq (a turn's position; none for a memory)
+    "event": ("session_events", "event_id", "e.occurred_at", "'clear'", "e.seq"),
+    "memory": ("memory_versions", "event_id", "e.created_at", "e.pii_status", "NULL::bigint"),
 }
 
 
 def _read(kind: str, lock: bool) -> str:
-    table, key, created, pii = _SOURCES[kind]
+    table, key, created, pii, seq = _SOURCES[kind]
     return (f"SELECT r.source_event_id, r.added_by, e.scope_path, e.session_id, e.metadata::text AS metadata, "
-            f"{created} AS created_at, e.active, {pii} AS pii_status"
+            f"{created} AS created_at, e.active, {pii} AS pii_status, {seq} AS seq"
             + ("" if lock else ", e.content")
             + f" FROM indexing_requests r JOIN {table} e ON e.org_id = r.org_id AND e.{key} = r.source_event_id "
               "WHERE r.org_id = $1 AND r.source_event_id = $2 AND r.source_kind = $3"
@@ -61,7 +61,7 @@ def _read(kind: str, lock: bool) -> str:
 def _lock_source(kind: str) -> str:
     """The source row first, then (in `_read`) the request: the order of the projector's
     rollbacks (session_events) and rescans (memory_versions, then the request)."""
-    table, key, _created, _pii = _SOURCES[kind]
+    table, key, _created, _pii, _seq = _SOURCES[kind]
     return f"SELECT 1 FROM {table} WHERE org_id = $1 AND {key} = $2 FOR SHARE"
 
 
@@ -130,7 +130,7 @@ def _rows(chunks: ChunkProjection, read: asyncpg.Record, kind: str):
                         event_id=source,
                         source_kind=kind, session_id=read["session_id"], scope_path=read["scope_path"],
                         metadata=metadata, created_at=read["created_at"], pii_status=read["pii_status"],
-                        active=read["active"], added_by=str(read["added_by"]))
+                        active=read["active"], added_by=str(read["added_by"]), seq=read["seq"])
     return chunks.take_slices(SLICE_CHUNKS)
 
 

@@ -169,7 +169,7 @@ def _scored(r: asyncpg.Record) -> ScoredCandidate:
     chunk_id = str(r["chunk_id"])
     hit = ChunkHit(chunk_id, r["content"], r["source_kind"], str(r["source_event_id"]), r["session_id"],
                    r["chunk_index"], r["domain"], r["scope_path"], _metadata(r["metadata"]), r["created_at"], r["bm25"])
-    return ScoredCandidate(chunk_id, r["score"], r["vector"], r["lexical"], r["recency"], hit)
+    return ScoredCandidate(chunk_id, r["score"], r["vector"], r["lexical"], r["recency"], hit, r["neighbour"])
 
 
 async def _embed_query(query_vectors: QueryVectors, org_id: str, query: str) -> np.ndarray:
@@ -255,7 +255,15 @@ def _fused(dims: int, *, exact: bool = False) -> str:
     lexical leg's `$7`, and `retrieval.fusion.HYBRID` over that union: each candidate's cosine
     (on the float32 vector), its exact BM25 from all its postings of the query terms (`$8`, each
     term's weight idf x count in the query `$9`, mean length `$10`) normalised by the query's idf
-    mass `$11`, its recency at `$12`, and the weighted score clamped to [0, 1]. It returns the
+    mass `$11`, its recency at `$12`, and the weighted score clamped to [0, 1], then lifted
+    toward the better score of the candidates beside it in its session (`WeightedFusion.lift`:
+    in the session's order of `seq` then chunk index, the candidate right before it and the one
+    right after, when nothing lies between them: a turn's neighbours are the turns one `seq`
+    away, a long message's chunks one index away; a pushed memory or a summary has none). The
+    position comes with the chunk row the vector leg reads anyway (chunks.seq, migration 0026)
+    and the neighbours from window functions in one pass: a join of the candidates with
+    themselves ran as a nested loop under row-level security's estimates (3x the CPU of a
+    Search), and a seq read from session_events per candidate cost +22%. It returns the
     first `$14` candidates whose score clears the floor `$13`, best first, with their rows, and
     one summary row (`summary` true): how many candidates there were, how many cleared the floor
     and the top score (for the confidence gate). One round trip, and ~150 rows instead of every
@@ -289,41 +297,56 @@ WITH vector_leg AS (
     SELECT c.chunk_id, true AS candidate, c.created_at,
            CASE WHEN c.embedding_dims = {dims} AND c.embedding_model = $3
                 THEN 1 - (c.embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine,
-           NULL::float8 AS bm25
+           NULL::float8 AS bm25,
+           CASE WHEN c.source_kind = 'event' THEN c.session_id END AS session_id, c.chunk_index, c.seq
     FROM ids JOIN chunks c ON c.org_id = $1 AND c.chunk_id = ids.chunk_id
     WHERE c.searchable AND (c.scope_path = ANY($4::text[]) OR c.chunk_id = ANY($15::uuid[]))
       AND ($5 = '' OR c.domain = $5)
     UNION ALL
     SELECT t.chunk_id, false, NULL, NULL,
-           {term_score_sql("q.weight", "t.tf", "t.doc_length", "$10::float8")}
+           {term_score_sql("q.weight", "t.tf", "t.doc_length", "$10::float8")}, NULL, NULL, NULL
     FROM chunk_terms t JOIN unnest($8::text[], $9::float8[]) AS q(term, weight) ON q.term = t.term
     WHERE t.org_id = $1 AND t.term = ANY($8::text[]) AND t.chunk_id = ANY(ARRAY(SELECT chunk_id FROM ids))
 ), candidates AS (
-    SELECT chunk_id, max(created_at) AS created_at, max(cosine) AS cosine, coalesce(sum(bm25), 0) AS bm25
+    SELECT chunk_id, max(created_at) AS created_at, max(cosine) AS cosine, coalesce(sum(bm25), 0) AS bm25,
+           max(session_id) AS session_id, max(chunk_index) AS chunk_index, max(seq) AS seq
     FROM signals GROUP BY chunk_id HAVING bool_or(candidate)
 ), components AS (
-    SELECT chunk_id, created_at, cosine, bm25,
+    SELECT chunk_id, created_at, cosine, bm25, session_id, chunk_index, seq,
            {cosine_sql("cosine")} AS vector,
            {bm25_sql("bm25", "$11::float8")} AS lexical,
            {recency_sql("created_at", "$12::timestamptz", w.recency_half_life_seconds)} AS recency
     FROM candidates
 ), scored AS MATERIALIZED (
-    SELECT *, {w.score_sql("vector", "lexical", "recency")} AS score
+    SELECT *, {w.score_sql("vector", "lexical", "recency")} AS fused
     FROM components
+), beside AS (
+    SELECT *,
+           greatest(
+               CASE WHEN lag(seq) OVER w = seq - 1
+                      OR (lag(seq) OVER w = seq AND lag(chunk_index) OVER w = chunk_index - 1)
+                    THEN lag(fused) OVER w END,
+               CASE WHEN lead(seq) OVER w = seq + 1
+                      OR (lead(seq) OVER w = seq AND lead(chunk_index) OVER w = chunk_index + 1)
+                    THEN lead(fused) OVER w END) AS neighbour
+    FROM scored WINDOW w AS (PARTITION BY session_id ORDER BY seq, chunk_index)
+), lifted AS MATERIALIZED (
+    SELECT *, {w.lift_sql("fused", "neighbour")} AS score FROM beside
 ), kept AS (
-    SELECT * FROM scored WHERE score >= $13::float8 ORDER BY score DESC, chunk_id::text LIMIT $14
+    SELECT * FROM lifted WHERE score >= $13::float8 ORDER BY score DESC, chunk_id::text LIMIT $14
 )
 SELECT false AS summary, k.chunk_id, c.content, c.source_kind, c.source_event_id, c.session_id, c.chunk_index,
        c.domain, c.scope_path, c.metadata::text AS metadata, k.created_at, k.cosine, k.bm25,
-       k.vector, k.lexical, k.recency, k.score, NULL::bigint AS total, NULL::bigint AS above
+       k.vector, k.lexical, k.recency, coalesce(k.neighbour, 0.0::float8) AS neighbour, k.score,
+       NULL::bigint AS total, NULL::bigint AS above
 FROM kept k CROSS JOIN LATERAL (
     SELECT content, source_kind, source_event_id, session_id, chunk_index, domain, scope_path, metadata
     FROM chunks WHERE org_id = $1 AND chunk_id = k.chunk_id
 ) AS c
 UNION ALL
-SELECT true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        max(score), count(*), count(*) FILTER (WHERE score >= $13::float8)
-FROM scored
+FROM lifted
 """
 
 

@@ -12,6 +12,8 @@ Default recipe :data:`HYBRID` (``WeightedFusion``)::
     l = min(1, bm25 / sum_i idf(q_i))                            lexical leg, in [0, 1]
     r = 0.5 ** (max(0, age) / half_life),  half_life = 14 days   recency, in (0, 1]
 
+    final = score + 0.5 * max(0, neighbour - score)              adjacent-turn lift (below)
+
 Why these normalisations
 ------------------------
 * **Vector.** Cosine is in [-1, 1]. For sentence-embedding models a negative cosine carries no
@@ -47,6 +49,15 @@ against this scale (the default is 0.25 for MiniLM, docs/retrieval.md), not agai
 A candidate missing a leg's signal (``None``) gets 0 from that leg. The wiring should compute
 BOTH signals for the union of the two legs' candidates (the vector is stored with the chunk and
 the term frequencies are stored per chunk), so ``None`` is a fallback, not the normal case.
+
+Adjacent turns: ``neighbour`` is the best score of the candidates next to this one in its
+session (the turns just before and after it, or its own message's adjacent chunks), and the
+lift raises a turn half way toward it (``recipe.NEIGHBOUR_LIFT``). A question's answer often
+shares few words or little meaning with the question, while the turn before it (the question
+asked in the conversation) shares many. It is the one term that depends on other candidates,
+and only on their absolute scores: a lifted score never passes its neighbour's, so the floor
+still means "this close to the query, or next to a turn that is". Search states it per result
+(``engine.score.neighbour``).
 
 Alternative recipe :data:`RRF` (``RRFFusion``): Reciprocal Rank Fusion,
 ``sum_leg w_leg / (k + rank_leg)`` with ``k = 60`` and ranks 1-based within the candidate set,
@@ -116,6 +127,7 @@ class ScoredCandidate:
     lexical: float
     recency: float
     payload: Any = field(default=None, compare=False)
+    neighbour: float = 0.0  # the best adjacent candidate's score before its lift (WeightedFusion.lift)
 
 
 def normalise_cosine(cosine: float | None) -> float:
@@ -189,11 +201,12 @@ def _check_unique(candidates: Sequence[Candidate]) -> None:
 class WeightedFusion:
     """Weighted sum of normalised signals (see the module docstring)."""
 
-    name: str = "hybrid-v1"
+    name: str = "hybrid-v2"
     w_vector: float = recipe.W_VECTOR
     w_bm25: float = recipe.W_LEXICAL
     w_recency: float = recipe.W_RECENCY
     recency_half_life_seconds: float = recipe.RECENCY_HALF_LIFE_SECONDS
+    neighbour_lift: float = recipe.NEIGHBOUR_LIFT
 
     def __post_init__(self) -> None:
         ws = (self.w_vector, self.w_bm25, self.w_recency)
@@ -203,6 +216,8 @@ class WeightedFusion:
             raise ValueError(f"fusion weights must sum to 1, got {sum(ws)}")
         if not self.recency_half_life_seconds > 0:
             raise ValueError("recency_half_life_seconds must be > 0")
+        if not 0 <= self.neighbour_lift <= 1:
+            raise ValueError("neighbour_lift must be in [0, 1]")
 
     def score_one(self, c: Candidate, *, now: datetime, query_idf_mass: float) -> ScoredCandidate:
         v = normalise_cosine(c.cosine)
@@ -218,6 +233,21 @@ class WeightedFusion:
         return (f"least(1.0::float8, greatest(0.0::float8, {float(self.w_vector)!r}::float8 * {vector}\n"
                 f"                                          + {float(self.w_bm25)!r}::float8 * {lexical}"
                 f" + {float(self.w_recency)!r}::float8 * {recency}))")
+
+    def lift(self, score: float, neighbour: float | None) -> float:
+        """``score`` raised toward its best adjacent candidate's ``neighbour`` score:
+        ``score + neighbour_lift · max(0, neighbour − score)``. Never lowers a score and never
+        passes the neighbour's, so it stays in [0, 1] and a floor keeps its meaning; no
+        neighbour (``None``/NaN) -> ``score``."""
+        if neighbour is None or math.isnan(neighbour):
+            return score
+        return score + self.neighbour_lift * max(0.0, neighbour - score)
+
+    def lift_sql(self, score: str, neighbour: str) -> str:
+        """:meth:`lift` of the float8 SQL expressions ``score`` and ``neighbour``."""
+        return (f"CASE WHEN {neighbour} IS NULL OR {neighbour} = 'NaN'::float8 THEN {score}\n"
+                f"                ELSE {score} + {float(self.neighbour_lift)!r}::float8"
+                f" * greatest(0.0::float8, {neighbour} - {score}) END")
 
     def fuse(self, candidates: Sequence[Candidate], *, now: datetime,
              query_idf_mass: float) -> list[ScoredCandidate]:

@@ -26,6 +26,12 @@ RECENCY_HALF_LIFE_SECONDS = 14 * DAY
 #: LoCoMo (R@5/10/25 .457/.534/.658, docs/retrieval.md).
 RRF_K = 60
 
+#: The adjacent-turn lift: a conversation turn next to a better-scoring candidate of its session
+#: rises toward it, score + NEIGHBOUR_LIFT · max(0, neighbour − score). An answer often shares
+#: few words with the question the turn before it asked (fit on LoCoMo conversations 26–44,
+#: docs/retrieval.md, "Adjacent turns").
+NEIGHBOUR_LIFT = 0.5
+
 # BM25 (bm25.py, and its SQL rendering in projections/reads/search.py and chunk_projection's impact).
 #: Term-frequency saturation k1: the Robertson/Lucene default, 1.2.
 BM25_K1 = 1.2

@@ -75,6 +75,26 @@ def test_the_rendering_carries_the_recipes_numbers():
         assert number in sql
 
 
+SCORES = [0.0, 1e-9, 0.2, 0.5, 0.999999, 1.0]
+NEIGHBOURS = [None, math.nan, 0.0, 0.1, 0.2, 0.5, 0.8, 1.0]
+LIFTS = dataclasses.replace(HYBRID, neighbour_lift=0.0), HYBRID, dataclasses.replace(HYBRID, neighbour_lift=1.0)
+
+
+@pytest.mark.parametrize("recipe", LIFTS, ids=["no-lift", "hybrid", "full-lift"])
+async def test_the_sql_rendering_of_the_adjacent_turn_lift_equals_the_python(postgres_url, recipe):
+    grid = list(itertools.product(SCORES, NEIGHBOURS))
+    rows = await _fetch(postgres_url, f"""
+SELECT i, {recipe.lift_sql("s", "n")} AS lifted
+FROM unnest($1::float8[], $2::float8[]) WITH ORDINALITY AS g(s, n, i) ORDER BY i
+""", [score for score, _ in grid], [n for _, n in grid])
+    assert len(rows) == len(grid)
+    for (score, neighbour), row in zip(grid, rows):
+        lifted = recipe.lift(score, neighbour)
+        assert row["lifted"] == pytest.approx(lifted, rel=1e-12, abs=1e-12), (score, neighbour)
+        # never lowers a score, never passes the neighbour's: [0, 1] and the floor keep their meaning
+        assert score <= lifted <= max(score, 0.0 if neighbour is None or math.isnan(neighbour) else neighbour)
+
+
 CORPORA = [(n, df) for n in (0, 1, 2, 10, 1000, 10**7) for df in (0, 1, 2, 9, 500, 10**7) if df <= n]
 TFS = [0, 1, 2, 7, 300]
 LENGTHS = [0, 1, 16, 250, 10**5]

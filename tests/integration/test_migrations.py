@@ -403,3 +403,33 @@ async def test_compactions_projected_before_0025_keep_their_turns_retrievable(ad
             "SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname IN ('chunks', 'session_items')")
     finally:
         await conn.close()
+
+
+async def test_chunks_projected_before_0026_get_their_turns_positions(admin_db: str, tmp_path: Path,
+                                                                      request) -> None:
+    """0026 gives a turn's chunks its seq (Search's adjacent-turn lift); a memory's chunk has none."""
+    app_role = await migrate_before("0026", admin_db, tmp_path, request)
+    turns, memory = {uuid.uuid4(): 7, uuid.uuid4(): 8}, uuid.uuid4()
+    conn = await asyncpg.connect(admin_db)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('app.org_id', 'org-a', true)")
+            for item, seq in turns.items():
+                await conn.execute(
+                    "INSERT INTO session_events (event_id, org_id, session_id, seq, scope_path, event_type, content, "
+                    "content_sha256, token_count, version, occurred_at) VALUES ($1, 'org-a', 's', $2, 'org-a', "
+                    "'message', 'text', 'h', 1, 'v', now())", item, seq)
+            for item, kind in [*((t, "event") for t in turns), (memory, "memory")]:
+                await conn.execute(
+                    "INSERT INTO chunks (chunk_id, org_id, scope_path, source_event_id, source_kind, session_id, "
+                    "chunk_index, content, content_hash, token_count, term_count, created_at) "
+                    "VALUES ($1, 'org-a', 'org-a', $2, $3, 's', 0, 'text', 'h', 1, 1, now())", uuid.uuid4(), item, kind)
+        assert await migrate(admin_db, app_role=app_role, app_password=APP_PASSWORD) == \
+            [m.version for m in load_migrations() if m.version >= "0026"]
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('app.org_id', 'org-a', true)")
+            assert dict(await conn.fetch("SELECT source_event_id, seq FROM chunks")) == {**turns, memory: None}
+        assert await conn.fetchval(  # row-level security is forced again
+            "SELECT bool_and(relforcerowsecurity) FROM pg_class WHERE relname IN ('chunks', 'session_events')")
+    finally:
+        await conn.close()

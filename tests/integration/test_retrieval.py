@@ -4,6 +4,7 @@ the embedding cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import asyncpg
@@ -76,8 +77,40 @@ async def test_search_finds_the_turn_and_says_why(corpus, engine):
     meta = dict(top.metadata)
     assert meta["engine.session_id"] == "conv-1"
     assert float(meta["engine.score.vector"]) > 0 and float(meta["engine.score.lexical"]) > 0
-    assert meta["engine.fusion"] == "hybrid-v1"
+    assert meta["engine.fusion"] == "hybrid-v2"
     assert [r.score for r in reply.results] == sorted((r.score for r in reply.results), reverse=True)
+
+
+async def test_a_turn_rises_toward_the_better_turn_beside_it_in_its_session(engine):
+    """The adjacent-turn lift, checked against its rule over a corpus small enough to come back
+    whole: each result's `engine.score.neighbour` is the best pre-lift score of the results one
+    turn before or after it in its own session, and its score is HYBRID.lift of its own."""
+    org = unique("org")
+    caller = engine.caller(org, "p", "t", "bot", clearance=1)
+    sessions = {"conv-a": TURNS, "conv-b": ["Melanie: Did you go to the LGBTQ support group again?",
+                                            "Caroline: Yes, on Tuesday, with my mum."]}
+    position: dict[str, tuple[str, int]] = {}
+    for session, texts in sessions.items():
+        ids = await ingest(caller, session, texts)
+        position.update({event_id: (session, i) for i, event_id in enumerate(ids)})
+    await wait_embedded(engine, org)
+    reply = await search(caller, "When did Caroline go to the LGBTQ support group?", min_score=1e-6, top_k=50)
+    assert len(reply.results) == len(position)
+
+    def own_score(m: dict[str, str]) -> float:
+        return (HYBRID.w_vector * float(m["engine.score.vector"]) + HYBRID.w_bm25 * float(m["engine.score.lexical"])
+                + HYBRID.w_recency * float(m["engine.score.recency"]))
+    own = {position[dict(r.metadata)["engine.source_event_id"]]: own_score(dict(r.metadata)) for r in reply.results}
+    lifted = set()
+    for r in reply.results:
+        meta = dict(r.metadata)
+        session, i = position[meta["engine.source_event_id"]]
+        neighbour = max((own[(session, j)] for j in (i - 1, i + 1) if (session, j) in own), default=None)
+        assert float(meta["engine.score.neighbour"]) == pytest.approx(neighbour or 0.0, abs=1e-5), (session, i)
+        assert r.score == pytest.approx(HYBRID.lift(own[(session, i)], neighbour), abs=1e-5), (session, i)
+        if r.score > own[(session, i)] + 1e-4:
+            lifted.add((session, i))
+    assert ("conv-b", 1) in lifted  # the answer, beside the question that names the group
 
 
 async def test_min_score_absent_zero_and_explicit(corpus, engine):
@@ -286,24 +319,33 @@ async def test_the_candidates_postings_are_read_once_under_row_level_security(co
 
 
 async def test_the_fusion_statement_computes_hybrid_exactly(corpus, engine):
-    """PostgreSQL fuses (`_fused`); `WeightedFusion.score_one` and `bm25_scorer` stay the
-    reference: every kept candidate's BM25, components and score equal theirs, the floor and
-    top_k cut where `classify` would, and the summary counts what the floor removed."""
+    """PostgreSQL fuses (`_fused`); `WeightedFusion.score_one`, `WeightedFusion.lift` and
+    `bm25_scorer` stay the reference: every kept candidate's BM25, components, neighbour and score
+    equal theirs (the corpus is one session of TURNS, in order), the floor and top_k cut where
+    `classify` would, and the summary counts what the floor removed."""
     org, _caller = corpus
     query = "support group camping trip with the kids"
     rows, stats, postings, ids, now, _plan = await _fused_as_app(engine, org, query, floor=1e-6, top_k=50)
     scorer = bm25_scorer(analyze(query), stats)
-    reference = {}
+    fused = {}
     for r in (r for r in rows if not r["summary"]):
         held = postings.get(r["chunk_id"], {"": 0})
         bm25 = scorer({t: n for t, n in held.items() if t}, held[""]) if r["chunk_id"] in postings else 0.0
         assert r["bm25"] == pytest.approx(bm25, rel=1e-12, abs=1e-12)
-        expected = HYBRID.score_one(Candidate(str(r["chunk_id"]), r["cosine"], bm25, r["created_at"]), now=now,
-                                    query_idf_mass=query_idf_mass(analyze(query), stats))
-        for name in ("score", "vector", "lexical", "recency"):
+        fused[TURNS.index(r["content"])] = HYBRID.score_one(
+            Candidate(str(r["chunk_id"]), r["cosine"], bm25, r["created_at"]), now=now,
+            query_idf_mass=query_idf_mass(analyze(query), stats))
+    reference = {}
+    for r in (r for r in rows if not r["summary"]):
+        turn = TURNS.index(r["content"])
+        neighbour = max((fused[t].score for t in (turn - 1, turn + 1) if t in fused), default=None)
+        expected = dataclasses.replace(fused[turn], score=HYBRID.lift(fused[turn].score, neighbour),
+                                       neighbour=neighbour or 0.0)
+        for name in ("score", "vector", "lexical", "recency", "neighbour"):
             assert r[name] == pytest.approx(getattr(expected, name), rel=1e-12, abs=1e-12), name
         reference[str(r["chunk_id"])] = expected
     assert len(reference) == len(ids)
+    assert [t for t, own in fused.items() if reference[own.chunk_id].score > own.score]  # a turn was lifted
     assert any(s.lexical > 0 for s in reference.values()) and any(s.lexical == 0 for s in reference.values())
 
     scores = sorted(s.score for s in reference.values())

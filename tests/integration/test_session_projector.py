@@ -807,6 +807,15 @@ async def test_a_long_content_is_indexed_after_the_commit_as_a_replay_indexes_it
         assert await deferred_indexing.index_requested(conn, org, source.event_id) == {}  # done once
     assert await deferred_indexing.pending_count(conn, [org]) == 0
     live = await _retrieval_rows(conn, org)
+    # A turn's chunks carry its position, inline and deferred alike (Search's adjacent-turn lift).
+    placed = await conn.fetch(
+        "SELECT c.source_kind, c.seq AS chunk_seq, e.seq AS turn_seq FROM chunks c "
+        "LEFT JOIN session_events e ON e.org_id = c.org_id AND e.event_id = c.source_event_id "
+        "WHERE c.org_id = $1", org)
+    assert {r["source_kind"] for r in placed} == {"event", "memory"}
+    assert all(r["chunk_seq"] == r["turn_seq"] if r["source_kind"] == "event" else r["chunk_seq"] is None
+               for r in placed)
+    assert len({r["chunk_seq"] for r in placed if r["source_kind"] == "event"}) == 4
     by_source = {}
     for r in live["chunks"]:
         by_source.setdefault(str(r[2]), set()).add(r[13])  # active flags

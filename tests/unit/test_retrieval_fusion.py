@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 from datetime import datetime, timedelta, timezone
 
@@ -106,6 +107,21 @@ def test_recipes_are_frozen_and_copied_with_replace():
         WeightedFusion(w_vector=1.2, w_bm25=-0.2, w_recency=0.0)
     with pytest.raises(ValueError):
         dataclasses.replace(HYBRID, recency_half_life_seconds=0)
+    for lift in (-0.1, 1.1, math.nan):
+        with pytest.raises(ValueError):
+            dataclasses.replace(HYBRID, neighbour_lift=lift)
+
+
+def test_a_turn_rises_toward_its_better_neighbour_and_no_further():
+    assert HYBRID.neighbour_lift == 0.5
+    assert HYBRID.lift(0.2, 0.6) == pytest.approx(0.4)  # half way
+    assert HYBRID.lift(0.6, 0.2) == 0.6  # a weaker neighbour takes nothing away
+    assert HYBRID.lift(0.3, None) == HYBRID.lift(0.3, math.nan) == 0.3  # no neighbour
+    rng = random.Random(11)
+    for _ in range(2000):
+        own, neighbour = rng.random(), rng.random()
+        lifted = HYBRID.lift(own, neighbour)
+        assert own <= lifted <= max(own, neighbour) <= 1.0
 
 
 def test_rrf():

@@ -16,6 +16,7 @@ from projections.retrieval.recipes import retrieval_depth
 def test_the_default_fusion_is_the_recipes_weights_and_half_life():
     assert (HYBRID.w_vector, HYBRID.w_bm25, HYBRID.w_recency) == (recipe.W_VECTOR, recipe.W_LEXICAL, recipe.W_RECENCY)
     assert HYBRID.recency_half_life_seconds == recipe.RECENCY_HALF_LIFE_SECONDS
+    assert HYBRID.neighbour_lift == recipe.NEIGHBOUR_LIFT
     assert RRF.k == recipe.RRF_K
     assert math.isclose(recipe.W_VECTOR + recipe.W_LEXICAL + recipe.W_RECENCY, 1.0)
 

@@ -52,5 +52,6 @@ async def apply(org: OrgState, rec: LogRecord, ev: Event) -> Applied:
         body.event_type, content, json_text(body.metadata), body.content_sha256 or sha256_hex(content),
         body.token_count, version, ev.occurred, key))
     await org.chunks.add(event_id=ev.event_id, source_kind="event", session_id=s.session_id,
-                         scope_path=sc.path, content=content, metadata=body.metadata, created_at=ev.occurred)
+                         scope_path=sc.path, content=content, metadata=body.metadata, created_at=ev.occurred,
+                         seq=seq)
     return applied(rec, ev, ProjectionOutcome.APPLIED, s.session_id, seq, version)
