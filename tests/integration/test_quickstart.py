@@ -49,8 +49,10 @@ def run(stack: Up, code: str) -> str:
 def test_up_keeps_its_data_directory_to_its_user(stack: Up) -> None:
     """Logs name every caller's org and subject; keys sign tokens (issue #41, item 5)."""
     assert stack.home.stat().st_mode & 0o066 == 0  # o+x at most: the embedded PostgreSQL's user passes
-    for path in [*(stack.home / "logs").iterdir(), *(stack.home / "keys").iterdir(), stack.home / "run" / "stack.json"]:
+    private = [p for p in (stack.home / "keys").iterdir() if p.suffix != ".pub"]  # a public key may be read
+    for path in [*(stack.home / "logs").iterdir(), *private, stack.home / "run" / "stack.json"]:
         assert path.stat().st_mode & 0o077 == 0, path
+    assert (stack.home / "keys").stat().st_mode & 0o777 == 0o700
 
 
 def test_the_readme_quick_start_runs_as_written(stack: Up) -> None:
