@@ -29,6 +29,6 @@ def mcp(
     args = list(ctx.args)
     if help_server:
         args = ["--help"]
-    elif "--address" not in args:
+    elif not any(a == "--address" or a.startswith("--address=") for a in args):
         args = ["--data-dir", str(command_settings(home=data_dir).home_dir), *args]
     main(args)

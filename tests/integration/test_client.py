@@ -50,8 +50,7 @@ async def test_text_goes_in_and_comes_out_as_written(engine: Engine) -> None:
         assert pulled.text == "The user prefers email — never calls (Zürich)."
         assert pulled.version_hash == pushed.version_hash
 
-        raw = await ce.ingest("deal-42", b"\x00\xff binary \x01")  # bytes go as they are
-        assert raw.token_count >= 0
+        await ce.ingest("deal-42", b"\x00\xff binary \x01")  # bytes go as they are
         assert (await events_of(engine, org, "deal-42"))[-1] == b"\x00\xff binary \x01"
 
 
@@ -180,6 +179,41 @@ async def test_a_write_whose_answer_was_lost_is_retried_and_written_once(engine:
     assert await events_of(engine, org, "s") == [b"user: said once"]
     rows = await admin_fetch(engine, "SELECT event_id::text AS id FROM session_events WHERE org_id = $1", org)
     assert [r["id"] for r in rows] == [reply.event_id]
+
+
+async def test_a_write_whose_attempts_ran_out_names_the_key_to_retry_with(engine: Engine, dropper) -> None:
+    proxy, address = dropper
+    org = unique("client-key")
+    scope = f"{org}/sales/emea"
+    async with AsyncClient(address, scope=scope, token=DevTokens(engine.settings.home, scope), attempts=1) as ce:
+        with pytest.raises(EngineError) as lost:
+            await ce.ingest("s", "user: was it written?")
+        assert lost.value.code == grpc.StatusCode.UNAVAILABLE and lost.value.idempotency_key
+        again = await ce.ingest("s", "user: was it written?", idempotency_key=lost.value.idempotency_key)
+    assert proxy.dropped == 1
+    rows = await admin_fetch(engine, "SELECT event_id::text AS id FROM session_events WHERE org_id = $1", org)
+    assert [r["id"] for r in rows] == [again.event_id]  # the first attempt was applied; the retry returned it
+
+
+async def test_a_snapshot_whose_answer_was_lost_is_not_created_again(engine: Engine, dropper) -> None:
+    proxy, address = dropper
+    org = unique("client-once")
+    scope = f"{org}/sales/emea"
+    async with client(engine, scope) as direct:
+        await direct.ingest("s", "user: hello")
+    async with AsyncClient(address, scope=scope, token=DevTokens(engine.settings.home, scope)) as ce:
+        with pytest.raises(EngineError) as lost:
+            await ce.create_snapshot("s", "once")
+    assert lost.value.code == grpc.StatusCode.UNAVAILABLE and proxy.connections == 1  # no second attempt
+    rows = await admin_fetch(engine, "SELECT name FROM snapshots WHERE org_id = $1", org)
+    assert [r["name"] for r in rows] == ["once"]
+
+
+async def test_an_empty_idempotency_key_is_refused_before_anything_is_sent(engine: Engine) -> None:
+    async with client(engine, f"{unique('client-key')}/sales/emea") as ce:
+        for bad in ("", "has space", "k" * 129):
+            with pytest.raises(ValueError, match="idempotency_key"):
+                await ce.ingest("s", "x", idempotency_key=bad)
 
 
 async def test_a_refused_write_is_not_retried(engine: Engine) -> None:

@@ -43,14 +43,16 @@ def free_port() -> int:
 
 
 @pytest.fixture
-async def http_server(engine: Engine) -> AsyncIterator[tuple[str, str]]:
+async def http_server(engine: Engine, tmp_path) -> AsyncIterator[tuple[str, str]]:
     """A streamable-HTTP server for one org's sales/emea team: its URL and the org."""
     org, port = unique("mcp-http"), free_port()
     command, env = server_command(engine, f"{org}/sales/emea", "--transport", "http", "--port", str(port))
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tmp_path / "mcp-http.log"
+    with log.open("wb") as stderr:  # the child keeps its own descriptor
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     deadline = time.monotonic() + 120
     while True:  # listening once a connection is accepted (a bound hang, not a verdict)
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert proc.poll() is None, log.read_text(errors="replace")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
@@ -106,3 +108,10 @@ async def test_a_tool_call_into_another_teams_session_answers_as_the_api_would(e
         read = await apac.call_tool("session_history", {"session_id": "emea-deal"})
     assert written.is_error and "PERMISSION_DENIED (SESSION_OUT_OF_SCOPE)" in written.content[0].text
     assert read.is_error and "NOT_FOUND" in read.content[0].text  # a sibling's session does not exist for it
+
+
+def test_the_http_endpoint_listens_on_loopback_only() -> None:
+    from context_engine_client.mcp_server import main
+
+    with pytest.raises(SystemExit, match="not a loopback address"):
+        main(["--scope", "acme", "--transport", "http", "--host", "0.0.0.0"])

@@ -38,6 +38,11 @@ R = TypeVar("R", bound=Message)
 RETRY_SAFE = frozenset({
     "AssembleContext", "IngestEvent", "PushContext", "PullContext", "Search", "Embed", "ValidatePrompt",
     "ListShares", "RevokeShare", "ResolveGuardrailLayers", "Classify", "Moderate", "DetectPII"})
+# UNAVAILABLE that passes: the transport's (no reason), an unacknowledged write, the log, the
+# database or a model still loading. A detector without its model (MODEL_NOT_LOADED,
+# CANARY_FAILED...) or a summarizer that is off stays so: not retried.
+TRANSIENT = frozenset({"", "UNAVAILABLE", "NOT_DURABLE_YET", "LOG_UNAVAILABLE", "LOG_RECOVERING",
+                       "DATABASE_UNAVAILABLE", "BROKER_UNAVAILABLE", "MODEL_LOADING"})
 PROMPT_GUARD = "prompt-guard-86m"
 GLINER = "gliner-small-v2.1"
 
@@ -54,13 +59,14 @@ class Turn:
 
 
 class BatchError(Exception):
-    """Some turns of `ingest_many` were not written: `errors` by input index; `replies` holds the
-    written ones (None where not). A session's turns after its first failure were not sent, so
-    the session keeps its order."""
+    """Some turns of `ingest_many` were not acknowledged: `errors` by input index (each error's
+    `idempotency_key` is the one a retry of that turn must send: an unacknowledged write may
+    still be applied); `replies` holds the acknowledged ones (None where not). A session's turns
+    after its first failure were not sent, so the session keeps its order."""
 
     def __init__(self, replies: list[Reply[pb.IngestEventResponse] | None], errors: dict[int, EngineError]) -> None:
         first = errors[min(errors)]
-        super().__init__(f"{len(errors)} of {len(replies)} turns not written; first: {first}")
+        super().__init__(f"{len(errors)} of {len(replies)} turns not acknowledged; first: {first}")
         self.replies, self.errors = replies, errors
 
 
@@ -73,14 +79,19 @@ def _bytes(content: str | bytes, name: str) -> bytes:
 
 
 def _write_key(given: str | None) -> str:
-    return given if given is not None else f"cec-{uuid.uuid4().hex}"
+    """The caller's key, or one made for this write: never none, so every retry is safe."""
+    if given is None:
+        return f"cec-{uuid.uuid4().hex}"
+    if not given or len(given) > 128 or not all("\x21" <= ch <= "\x7e" for ch in given):
+        raise ValueError("idempotency_key must be 1-128 printable ASCII characters without spaces")
+    return given
 
 
 def _retryable(method: str):
     def check(error: BaseException) -> bool:
         if not isinstance(error, EngineError) or method not in RETRY_SAFE:
             return False
-        return error.code == grpc.StatusCode.UNAVAILABLE or (
+        return (error.code == grpc.StatusCode.UNAVAILABLE and error.reason in TRANSIENT) or (
             error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == "ORG_WRITE_RATE_EXCEEDED")
     return check
 
@@ -103,6 +114,7 @@ class AsyncClient:
         self._attempts = attempts
         self._backoff = wait_exponential_jitter(multiplier=0.2, jitter=0.2, max=max_backoff_s)
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._closed = False
 
     @classmethod
     def from_data_dir(cls, data_dir: str | pathlib.Path = ".context-engine", scope: str | Scope = "acme/sales/emea",
@@ -129,6 +141,7 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        self._closed = True
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
             await channel.close()
@@ -136,6 +149,8 @@ class AsyncClient:
     # -- the calls ----------------------------------------------------------------------------
 
     def _channel(self, address: str) -> grpc.aio.Channel:
+        if self._closed:
+            raise RuntimeError("this client is closed: make a new one")
         if address not in self._channels:
             options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
             self._channels[address] = (grpc.aio.secure_channel(address, self._credentials, options)
@@ -160,7 +175,7 @@ class AsyncClient:
                 response = await call
                 trailers = await call.trailing_metadata()
             except grpc.RpcError as err:
-                raise EngineError.from_rpc_error(method, err) from None
+                raise EngineError.from_rpc_error(method, err, idempotency_key=key) from None
             return Reply(response, {k: v for k, v in (trailers or ()) if k.startswith("engine.")
                                     and isinstance(v, str)})
 
@@ -188,8 +203,13 @@ class AsyncClient:
     async def ingest_many(self, turns: Iterable[Turn], *, concurrency: int = 16) -> list[Reply[pb.IngestEventResponse]]:
         """Many IngestEvents: sessions in parallel (up to `concurrency` at once), each session's
         turns one after another in the order given, so a session's log order is the input's.
-        Replies in input order; BatchError names what was not written."""
+        Every turn is checked before any is sent. Replies in input order; BatchError names what
+        was not acknowledged (anything else raised cancels the sessions still sending)."""
         turns = list(turns)
+        for i, turn in enumerate(turns):
+            _bytes(turn.content, f"turns[{i}].content")
+            if turn.idempotency_key is not None:
+                _write_key(turn.idempotency_key)
         by_session: dict[str, list[int]] = {}
         for i, turn in enumerate(turns):
             by_session.setdefault(turn.session_id, []).append(i)
@@ -208,7 +228,9 @@ class AsyncClient:
                         errors[i] = err
                         return
 
-        await asyncio.gather(*(session(indexes) for indexes in by_session.values()))
+        async with asyncio.TaskGroup() as group:
+            for indexes in by_session.values():
+                group.create_task(session(indexes))
         if errors:
             raise BatchError(replies, errors)
         return [r for r in replies if r is not None]

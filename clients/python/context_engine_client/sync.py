@@ -39,6 +39,7 @@ class Client:
 
     def _start(self, aio: AsyncClient) -> None:
         self.aio = aio  # its channels are made on the loop below, at the first call
+        self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="context-engine-client", daemon=True)
         self._thread.start()
@@ -46,15 +47,26 @@ class Client:
     def _run(self, coroutine: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
         async def wrapped() -> T:
             return await coroutine
-        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result()
+        if self._closed:
+            raise RuntimeError("this client is closed: make a new one")
+        future = asyncio.run_coroutine_threadsafe(wrapped(), self._loop)
+        try:
+            return future.result()
+        except BaseException:  # Ctrl-C included: the call and its retries stop too
+            future.cancel()
+            raise
 
     @property
     def scope(self) -> Scope:
         return self.aio.scope
 
     def close(self) -> None:
-        if self._loop.is_running():
+        if self._closed:
+            return
+        try:
             self._run(self.aio.close())
+        finally:
+            self._closed = True
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()

@@ -34,6 +34,10 @@ class DevTokens:
         except OSError as err:
             raise FileNotFoundError(f"no development key at {key_file}: start the stack with `context-engine up "
                                     f"--data-dir {data_dir}` first, or pass a token") from err
+        try:
+            import jwt  # noqa: F401  (the dev-token extra; said now, not at the first call)
+        except ImportError as err:
+            raise ImportError("DevTokens needs PyJWT: pip install 'context-engine-client[dev-token]'") from err
         if not 1 <= clearance <= 4:
             raise ValueError(f"clearance must be 1..4, got {clearance}")
         self.scope, self.clearance, self._ttl, self._clock = Scope.parse(scope), clearance, ttl_s, clock
