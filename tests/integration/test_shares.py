@@ -28,7 +28,7 @@ from projections.projector.records import LogRecord
 from projections.reads.share_grants import held_sql
 from streams.replay import replay, verify
 from streams.topics import LogTopics
-from tests.fixtures.calls import admin_fetch, expect_error
+from tests.fixtures.calls import admin_fetch, expect_error, wait_for
 from tests.fixtures.databases import fresh_database
 from tests.fixtures.engine import Caller, unique
 from tests.fixtures.guardrails import publish
@@ -360,7 +360,11 @@ async def test_a_grant_of_what_its_grantor_does_not_own_widens_nothing(engine):
                                    "not the owner's"),
                       scope=apac, actor="apac-lead", aggregate=share_aggregate(world.org, share_id))
     await engine.deps.log.append(forged)
-    await settled(engine.settings.database_url, world.org)
+    # Appended without an acknowledgement: wait until the projector archived it (in the transaction
+    # that stores its grant), not for background work, which a loaded machine finishes first.
+    await wait_for("the forged share.created archived", lambda: admin_fetch(
+        engine, "SELECT 1 FROM event_archive WHERE org_id = $1 AND event_id = $2", world.org,
+        uuid.UUID(forged.event_id)), engine)
     assert [str(r["share_id"]) for r in await admin_fetch(
         engine, "SELECT share_id FROM share_grants WHERE org_id = $1", world.org)] == [share_id]
     reader, own_session = caller(engine, world.org, "sales", "apac"), unique("s")
