@@ -150,12 +150,12 @@ class TokenVerifier:
             raise Unauthenticated(f"token lacks a required claim: {exc.claim}", reason="TOKEN_CLAIM_MISSING") from exc
         except jwt.InvalidTokenError as exc:
             raise Unauthenticated(f"token rejected: {exc}", reason="TOKEN_INVALID") from exc
-        issued = float(claims.get("iat", time.time()))
-        if self._max_lifetime and float(claims["exp"]) - issued > self._max_lifetime + self._leeway:
-            raise Unauthenticated(f"token lives {(float(claims['exp']) - issued) / 3600:.1f} h; at most "
-                                  f"{self._max_lifetime / 3600:g} h (jwt_max_lifetime_seconds)",
-                                  reason="TOKEN_LIFETIME_TOO_LONG")
-        return _principal(claims), float(claims["exp"])
+        expires = float(claims["exp"])
+        lifetime = expires - float(claims.get("iat", time.time()))
+        if self._max_lifetime and lifetime > self._max_lifetime + self._leeway:
+            raise Unauthenticated(f"token lives {lifetime / 3600:.1f} h; at most {self._max_lifetime / 3600:g} h "
+                                  "(jwt_max_lifetime_seconds)", reason="TOKEN_LIFETIME_TOO_LONG")
+        return _principal(claims), expires
 
 
 SCOPE_CLAIMS = ("org_id", "pillar_id", "team_id", "agent_id")

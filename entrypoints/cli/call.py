@@ -26,7 +26,6 @@ from entrypoints.cli.options import DataDir
 if TYPE_CHECKING:
     from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-IDEMPOTENCY_HEADER = "idempotency-key"  # the engine's (commands/idempotency.py)
 _STANDARD = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 _URL_SAFE = re.compile(r"[A-Za-z0-9_-]*={0,2}")
 _SHOWN = 200  # characters of a refused value the refusal quotes
@@ -202,6 +201,8 @@ def call(
             ensure_dev_key(settings.hs256_key_path), org=org, pillar=pillar, team=team, agent=agent,
             clearance=clearance))),)
     if idempotency_key is not None:
+        from commands.idempotency import IDEMPOTENCY_HEADER
+
         metadata += ((IDEMPOTENCY_HEADER, idempotency_key),)
     path = f"/{found.containing_service.full_name}/{found.name}"
     with grpc.insecure_channel(target) as channel:

@@ -18,6 +18,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from context_engine.auth import mint_token
+from entrypoints.embedded.process import free_port
 from tests.fixtures.calls import wait_embedded
 from tests.fixtures.engine import Engine, unique
 
@@ -34,12 +35,6 @@ def server_command(engine: Engine, scope: str, *extra: str) -> tuple[list[str], 
 def stdio(engine: Engine, scope: str) -> Client:
     command, env = server_command(engine, scope)
     return Client(StdioServerParameters(command=command[0], args=command[1:], env=env), read_timeout_seconds=120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

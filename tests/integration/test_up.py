@@ -27,9 +27,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from entrypoints.embedded.process import free_port
 from entrypoints.supervisor import CHILD_RESTARTS_PER_MINUTE, DETECTOR_WITHHELD
 from tests.fixtures.infra import START_TIMEOUT_S, deployment_env
-from tests.fixtures.up import Up, free_port
+from tests.fixtures.up import Up
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 from upsquad.ml.v1 import detector_pb2, detector_pb2_grpc
