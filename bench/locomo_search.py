@@ -6,7 +6,10 @@ conversation is its own org AND its own session, so a Search over one conversati
 another.
 
 Engine: `context-engine up` in a scratch directory; every turn goes in through gRPC IngestEvent
-(content = the turn, metadata {"dia_id": ...}, 16 in flight, idempotency key per turn); the
+(content = the turn, metadata {"dia_id": ...}, idempotency key per turn), each conversation's turns
+one after the other in dialogue order (the session's order, which the adjacent-turn lift reads;
+until 2026-12-05 16 turns were in flight and a session's order only roughly the dialogue's) and the
+conversations in parallel; the
 script waits until the embedding pipeline has given every chunk a vector, then calls Search once
 per question (top_k 256, min_score 1e-6 so everything retrieved is ranked; one call in flight)
 and maps results back to dia_ids through the chunk metadata.
@@ -149,29 +152,31 @@ def plain_rankings(conversations: list[Conversation], items: list[Item]) -> dict
 
 
 async def ingest(stack: Stack, conversations: list[Conversation], concurrency: int) -> tuple[int, float]:
-    """Every turn through IngestEvent; returns (events, seconds)."""
+    """Every turn through IngestEvent, each conversation in dialogue order, `concurrency`
+    conversations at once; returns (events, seconds)."""
     async with grpc.aio.insecure_channel(stack.address) as channel:
         stub = context_pb2_grpc.ContextEngineStub(channel)
         tokens = {org_of(c): stack.token(org_of(c)) for c in conversations}
-        work = [(c, dia_id, text) for c in conversations for dia_id, text in c.turns]
         gate = asyncio.Semaphore(concurrency)
-        bar = tqdm(total=len(work), desc="IngestEvent", unit="turn", file=sys.stderr)
+        bar = tqdm(total=sum(len(c.turns) for c in conversations), desc="IngestEvent", unit="turn",
+                   file=sys.stderr)
 
-        async def one(c: Conversation, dia_id: str, text: str) -> None:
+        async def conversation(c: Conversation) -> None:
             org = org_of(c)
-            request = pb.IngestEventRequest(scope=pb.ScopePath(org_id=org), session_id=f"conversation-{c.name}",
-                                            event_type="message", content=text.encode(),
-                                            metadata={"dia_id": dia_id})
-            metadata = (("authorization", f"Bearer {tokens[org]}"), ("idempotency-key", f"{org}/{dia_id}"))
             async with gate:
-                await call_with_retry(stub.IngestEvent, request, metadata)
-            bar.update()
+                for dia_id, text in c.turns:
+                    request = pb.IngestEventRequest(scope=pb.ScopePath(org_id=org), session_id=f"conversation-{c.name}",
+                                                    event_type="message", content=text.encode(),
+                                                    metadata={"dia_id": dia_id})
+                    metadata = (("authorization", f"Bearer {tokens[org]}"), ("idempotency-key", f"{org}/{dia_id}"))
+                    await call_with_retry(stub.IngestEvent, request, metadata)
+                    bar.update()
 
         started = time.perf_counter()
-        await asyncio.gather(*(one(*w) for w in work))
+        await asyncio.gather(*(conversation(c) for c in conversations))
         elapsed = time.perf_counter() - started
         bar.close()
-        return len(work), elapsed
+        return sum(len(c.turns) for c in conversations), elapsed
 
 
 @dataclass
@@ -242,7 +247,7 @@ def comparison(engine: list[float], plain: dict[str, list[float]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_locomo_options(parser)
-    parser.add_argument("--ingest-concurrency", type=int, default=16)
+    parser.add_argument("--ingest-concurrency", type=int, default=10, help="conversations ingested at once")
     parser.add_argument("--search-concurrency", type=int, default=1,
                         help="Search calls in flight (1 = latencies of an otherwise idle stack)")
     args = parser.parse_args()
@@ -291,7 +296,8 @@ def main() -> None:
     print()
     print(f"machine: {machine()}; {load_before} before the Search calls, {load_after} after")
     print(f"settings: embedded PostgreSQL 18 + pgvector, tansu; MiniLM-L6 int8; {len(conversations)} orgs/sessions; "
-          f"{events:,} IngestEvent calls ({args.ingest_concurrency} in flight) in {ingest_s:.1f} s "
+          f"{events:,} IngestEvent calls ({args.ingest_concurrency} conversations at once, each in order) "
+          f"in {ingest_s:.1f} s "
           f"({events / ingest_s:,.0f}/s); {chunks:,} chunks all embedded {embed_wait_s:.1f} s after the last ack; "
           f"Search top_k 256, min_score 1e-6, {args.search_concurrency} in flight; "
           f"retried calls {dict(RETRIES) or 'none'}")

@@ -61,6 +61,7 @@ from projections.retrieval.recipe import (
     EXACT_VECTOR_LEG_MAX_DOCS,
     FIRST_EF_SEARCH,
     MIN_POOL,
+    NEIGHBOUR_REACH,
     POOL_PER_RESULT,
     POSTINGS_PER_TERM,
 )
@@ -245,6 +246,22 @@ FROM s
 """
 
 
+def _neighbours_sql(reach: int) -> str:
+    """The pre-lift scores of the candidates within `reach` places of this one in its session, as
+    the arguments of `greatest`: the `reach` rows before and after it in the window's order (`seq`,
+    then chunk index) that lie within `reach` turns (another event's chunk, `seq` up to `reach`
+    away) or `reach` chunks of the same message. A row without a session (a pushed memory, a
+    summary line) has a NULL `seq` and so no neighbour."""
+    near = []
+    for k in range(1, reach + 1):
+        for fn in ("lag", "lead"):
+            seq, index = f"{fn}(seq, {k}) OVER w", f"{fn}(chunk_index, {k}) OVER w"
+            near.append(f"CASE WHEN ({seq} <> seq AND abs({seq} - seq) <= {reach})\n"
+                        f"                      OR ({seq} = seq AND abs({index} - chunk_index) <= {reach})\n"
+                        f"                    THEN {fn}(fused, {k}) OVER w END")
+    return ",\n               ".join(near)
+
+
 def _fused(dims: int, *, exact: bool = False) -> str:
     """The vector leg (cosine over the HNSW index of the running embedder's dimension, whose
     graph holds half-precision copies of the vectors (migration 0012), top `$6`, same
@@ -256,10 +273,10 @@ def _fused(dims: int, *, exact: bool = False) -> str:
     (on the float32 vector), its exact BM25 from all its postings of the query terms (`$8`, each
     term's weight idf x count in the query `$9`, mean length `$10`) normalised by the query's idf
     mass `$11`, its recency at `$12`, and the weighted score clamped to [0, 1], then lifted
-    toward the better score of the candidates beside it in its session (`WeightedFusion.lift`:
-    in the session's order of `seq` then chunk index, the candidate right before it and the one
-    right after, when nothing lies between them: a turn's neighbours are the turns one `seq`
-    away, a long message's chunks one index away; a pushed memory or a summary has none). The
+    toward the best score of the candidates near it in its session (`WeightedFusion.lift`: in
+    the session's order of `seq` then chunk index, the candidates up to `NEIGHBOUR_REACH` places
+    before and after it that lie within that many turns, or chunks of the same message; a pushed
+    memory or a summary has none, `_neighbours_sql`). The
     position comes with the chunk row the vector leg reads anyway (chunks.seq, migration 0026)
     and the neighbours from window functions in one pass: a join of the candidates with
     themselves ran as a nested loop under row-level security's estimates (3x the CPU of a
@@ -322,13 +339,7 @@ WITH vector_leg AS (
     FROM components
 ), beside AS (
     SELECT *,
-           greatest(
-               CASE WHEN lag(seq) OVER w = seq - 1
-                      OR (lag(seq) OVER w = seq AND lag(chunk_index) OVER w = chunk_index - 1)
-                    THEN lag(fused) OVER w END,
-               CASE WHEN lead(seq) OVER w = seq + 1
-                      OR (lead(seq) OVER w = seq AND lead(chunk_index) OVER w = chunk_index + 1)
-                    THEN lead(fused) OVER w END) AS neighbour
+           greatest({_neighbours_sql(NEIGHBOUR_REACH)}) AS neighbour
     FROM scored WINDOW w AS (PARTITION BY session_id ORDER BY seq, chunk_index)
 ), lifted AS MATERIALIZED (
     SELECT *, {w.lift_sql("fused", "neighbour")} AS score FROM beside

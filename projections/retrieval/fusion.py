@@ -50,9 +50,9 @@ A candidate missing a leg's signal (``None``) gets 0 from that leg. The wiring s
 BOTH signals for the union of the two legs' candidates (the vector is stored with the chunk and
 the term frequencies are stored per chunk), so ``None`` is a fallback, not the normal case.
 
-Adjacent turns: ``neighbour`` is the best score of the candidates next to this one in its
-session (the turns just before and after it, or its own message's adjacent chunks), and the
-lift raises a turn half way toward it (``recipe.NEIGHBOUR_LIFT``). A question's answer often
+Adjacent turns: ``neighbour`` is the best score of the candidates near this one in its session
+(the turns up to two before and after it, ``recipe.NEIGHBOUR_REACH``, or its own message's
+chunks as near), and the lift raises a turn half way toward it (``recipe.NEIGHBOUR_LIFT``). A question's answer often
 shares few words or little meaning with the question, while the turn before it (the question
 asked in the conversation) shares many. It is the one term that depends on other candidates,
 and only on their absolute scores: a lifted score never passes its neighbour's, so the floor
@@ -127,7 +127,7 @@ class ScoredCandidate:
     lexical: float
     recency: float
     payload: Any = field(default=None, compare=False)
-    neighbour: float = 0.0  # the best adjacent candidate's score before its lift (WeightedFusion.lift)
+    neighbour: float = 0.0  # the best nearby candidate's score before its lift (WeightedFusion.lift)
 
 
 def normalise_cosine(cosine: float | None) -> float:
@@ -201,7 +201,7 @@ def _check_unique(candidates: Sequence[Candidate]) -> None:
 class WeightedFusion:
     """Weighted sum of normalised signals (see the module docstring)."""
 
-    name: str = "hybrid-v2"
+    name: str = "hybrid-v3"
     w_vector: float = recipe.W_VECTOR
     w_bm25: float = recipe.W_LEXICAL
     w_recency: float = recipe.W_RECENCY

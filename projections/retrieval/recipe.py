@@ -31,6 +31,10 @@ RRF_K = 60
 #: few words with the question the turn before it asked (fit on LoCoMo conversations 26–44,
 #: docs/retrieval.md, "Adjacent turns").
 NEIGHBOUR_LIFT = 0.5
+#: How far the lift reaches: the candidates within this many turns before and after a turn (or
+#: chunks of the same message) are its neighbours. 2 fitted on conversations 26–44 (1: any@5 .669,
+#: R@2k tok .857; 2: .699, .877; 3: .684, .873; docs/retrieval.md, "Adjacent turns").
+NEIGHBOUR_REACH = 2
 
 # BM25 (bm25.py, and its SQL rendering in projections/reads/search.py and chunk_projection's impact).
 #: Term-frequency saturation k1: the Robertson/Lucene default, 1.2.

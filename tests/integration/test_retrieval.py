@@ -25,7 +25,7 @@ from projections.retrieval.bm25 import CorpusStats, bm25_scorer, query_idf_mass
 from projections.retrieval.confidence_gate import Pool
 from projections.retrieval.fusion import HYBRID, Candidate
 from projections.retrieval.outcome import classify
-from projections.retrieval.recipe import EXACT_VECTOR_LEG_MAX_DOCS, FIRST_EF_SEARCH
+from projections.retrieval.recipe import EXACT_VECTOR_LEG_MAX_DOCS, FIRST_EF_SEARCH, NEIGHBOUR_REACH
 from projections.retrieval.recipes import assembly
 from projections.store.migrations import APP_ROLE
 from projections.store.pool import create_pool
@@ -77,14 +77,19 @@ async def test_search_finds_the_turn_and_says_why(corpus, engine):
     meta = dict(top.metadata)
     assert meta["engine.session_id"] == "conv-1"
     assert float(meta["engine.score.vector"]) > 0 and float(meta["engine.score.lexical"]) > 0
-    assert meta["engine.fusion"] == "hybrid-v2"
+    assert meta["engine.fusion"] == "hybrid-v3"
     assert [r.score for r in reply.results] == sorted((r.score for r in reply.results), reverse=True)
+
+
+def _near(turn: int) -> list[int]:
+    """The turns whose pre-lift score can lift `turn`'s: up to NEIGHBOUR_REACH before and after it."""
+    return [turn + d for d in range(-NEIGHBOUR_REACH, NEIGHBOUR_REACH + 1) if d]
 
 
 async def test_a_turn_rises_toward_the_better_turn_beside_it_in_its_session(engine):
     """The adjacent-turn lift, checked against its rule over a corpus small enough to come back
-    whole: each result's `engine.score.neighbour` is the best pre-lift score of the results one
-    turn before or after it in its own session, and its score is HYBRID.lift of its own."""
+    whole: each result's `engine.score.neighbour` is the best pre-lift score of the results up to
+    NEIGHBOUR_REACH turns before or after it in its own session, and its score is HYBRID.lift of its own."""
     org = unique("org")
     caller = engine.caller(org, "p", "t", "bot", clearance=1)
     sessions = {"conv-a": TURNS, "conv-b": ["Melanie: Did you go to the LGBTQ support group again?",
@@ -105,7 +110,7 @@ async def test_a_turn_rises_toward_the_better_turn_beside_it_in_its_session(engi
     for r in reply.results:
         meta = dict(r.metadata)
         session, i = position[meta["engine.source_event_id"]]
-        neighbour = max((own[(session, j)] for j in (i - 1, i + 1) if (session, j) in own), default=None)
+        neighbour = max((own[(session, j)] for j in _near(i) if (session, j) in own), default=None)
         assert float(meta["engine.score.neighbour"]) == pytest.approx(neighbour or 0.0, abs=1e-5), (session, i)
         assert r.score == pytest.approx(HYBRID.lift(own[(session, i)], neighbour), abs=1e-5), (session, i)
         if r.score > own[(session, i)] + 1e-4:
@@ -338,7 +343,7 @@ async def test_the_fusion_statement_computes_hybrid_exactly(corpus, engine):
     reference = {}
     for r in (r for r in rows if not r["summary"]):
         turn = TURNS.index(r["content"])
-        neighbour = max((fused[t].score for t in (turn - 1, turn + 1) if t in fused), default=None)
+        neighbour = max((fused[t].score for t in _near(turn) if t in fused), default=None)
         expected = dataclasses.replace(fused[turn], score=HYBRID.lift(fused[turn].score, neighbour),
                                        neighbour=neighbour or 0.0)
         for name in ("score", "vector", "lexical", "recency", "neighbour"):
