@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: up test unit integration test-external proto proto-check contract install install-dev clean
+.PHONY: up up-with-detector install-detector test unit integration test-external proto proto-check contract install install-dev clean
 
 # Base install: everything `up` needs, torch kept out; and the Python client (clients/python,
 # a distribution of its own) with its development tokens and MCP server.
@@ -22,7 +22,15 @@ $(VENV)/.dev-installed: $(VENV)/.base-installed
 install: $(VENV)/.base-installed
 install-dev: $(VENV)/.dev-installed
 
+# The detector extra (torch 2.13.0 CPU, transformers, gliner): what `models fetch` / `models import`
+# need to install the PII and Prompt-Guard models (docs/detector.md).
+install-detector: $(VENV)/.base-installed
+	$(PIP) install -e '.[detector]'
+
 up: install
+	$(VENV)/bin/context-engine up $(ARGS)
+
+up-with-detector: install-detector
 	$(VENV)/bin/context-engine up $(ARGS)
 
 test: install-dev

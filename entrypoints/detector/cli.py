@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import pathlib
 from typing import Annotated, Optional
@@ -12,7 +13,8 @@ from typing import Annotated, Optional
 import typer
 
 models_app = typer.Typer(no_args_is_help=True, add_completion=False,
-                         help="Detector model weights: import from local directories, show what is installed.")
+                         help="Detector model weights: fetch from the Hugging Face Hub, import from local "
+                              "directories, show what is installed.")
 import_app = typer.Typer(no_args_is_help=True,
                          help="Import model weights from a local directory (nothing is downloaded).")
 models_app.add_typer(import_app, name="import")
@@ -89,6 +91,58 @@ def import_gliner(
     except ImportFailed as exc:
         raise _fail(exc) from None
     typer.echo(str(dest))
+
+
+class Which(str, enum.Enum):
+    prompt_guard = "prompt-guard"
+    gliner = "gliner"
+    all = "all"
+
+
+@models_app.command("fetch")
+def fetch(
+    which: Annotated[Which, typer.Argument(help="prompt-guard, gliner (with its backbone's tokenizer) or all")],
+    token_file: Annotated[Optional[pathlib.Path], typer.Option(
+        help="A file holding a Hugging Face token (Prompt-Guard is gated) [default: env HF_TOKEN]")] = None,
+    unpinned: Annotated[bool, typer.Option(
+        "--unpinned", help="Fetch a model the manifest pins no revision for: the Hub's main, recorded")] = False,
+    manifest: Annotated[Optional[pathlib.Path], typer.Option(
+        help="A JSON manifest of pinned revisions and SHA-256s to use instead of this build's")] = None,
+    print_pins: Annotated[bool, typer.Option(
+        "--print-pins", help="Print the manifest entries that pin what was downloaded (JSON)")] = False,
+    downloads_dir: Annotated[Optional[pathlib.Path], typer.Option(
+        help="Where downloads are kept and resumed [default: <models-dir>/../model-downloads]")] = None,
+    onnx: Annotated[bool, typer.Option("--onnx", help="GLiNER: also export to ONNX")] = False,
+    models_dir: ModelsDir = None,
+    force: Force = False,
+) -> None:
+    """Download the detector's models from the Hugging Face Hub (HF_ENDPOINT) and install them.
+
+    Each file is checked against the manifest's SHA-256 before it is imported; downloads resume
+    where they stopped; a failure installs nothing. Then `context-engine pii rescan` clears the
+    memory pushes quarantined while no PII model was installed."""
+    from inference.detector import fetcher, model_manifest
+
+    keys = ["prompt-guard", "gliner"] if which is Which.all else [which.value]
+    root = _models_dir(models_dir)
+    pins: dict[str, object] = {}
+    try:
+        sources = model_manifest.load(manifest)
+        token = fetcher.read_token(token_file)
+        for key in keys:
+            installed, fetched = fetcher.fetch_model(
+                key, sources, root, downloads=downloads_dir, token=token, unpinned=unpinned, force=force,
+                export_onnx=onnx, progress=_progress)
+            pins.update({f.source.key: f.pins() for f in fetched})
+            typer.echo(str(installed))
+    except (fetcher.FetchFailed, model_manifest.ManifestInvalid) as exc:
+        typer.secho(f"fetch failed: {exc}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(1) from None
+    if print_pins:
+        typer.echo(json.dumps(pins, indent=2, sort_keys=True))
+    if "gliner" in keys:
+        _progress("memory pushed while no PII model was installed is quarantined: `context-engine pii rescan` "
+                  "clears it (docs/pii.md)")
 
 
 @models_app.command("status")

@@ -304,6 +304,7 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         degraded = [line for line in up.lines if "degraded:" in line]
         assert len(degraded) == 3, degraded
         assert "memory pushes are quarantined" in degraded[0] and "models import gliner --from DIR" in degraded[0]
+        assert "models fetch gliner --unpinned, restart, then" in degraded[0] and "pii rescan" in degraded[0]
         assert "Classify answers UNAVAILABLE" in degraded[1] and "models import prompt-guard" in degraded[1]
         # This test made the data directory 0755 (as releases before #41 did): named, with its fix.
         assert "open to other users (mode 755)" in degraded[2] and f"chmod 700 {home}" in degraded[2]
