@@ -1,7 +1,10 @@
 """CreateShare (clearance L3+; L4+ when the grantee is in another pillar): grants a grantee
-scope `read` and/or `use_in_assembly` on one chunk, snapshot or guardrail layer the caller sees
-by ownership (context_engine/visibility.py). The grant is a share.created event; the reads
-check the resource again whenever a grant is read (projections/reads/share_grants.py).
+scope `read` and/or `use_in_assembly` on one chunk, snapshot or guardrail layer the caller owns
+(wrote at its own scope), or, at L4, one a scope below it owns: an ancestor acting for the owner,
+audited as `create_share_for_owner`. A scope below the owner sees the resource and may not publish
+it (PERMISSION_DENIED `NOT_RESOURCE_OWNER`); anything else is NOT_FOUND, as an unknown id is. The
+grant is a share.created event; the reads check the resource again whenever a grant is read
+(projections/reads/share_grants.py).
 
 `grantee_scope_id` is the grantee's scope path ("acme/sales/apac" for a team): ids are unique
 only within their parent, so the path is what names one scope. It must be in the caller's org
@@ -111,13 +114,21 @@ async def create_share(deps: Deps, principal: Principal, command: CreateShare) -
     except (ClearanceTooLow, PermissionDenied) as exc:
         access_audit.denied(deps, principal, resource_type, resource_id, "create_share", exc.reason.lower())
         raise
-    owner_view = Visibility.of(principal.scope)
+    grantor = principal.scope.path
     async with org_transaction(deps.pool, org, readonly=True) as conn:
-        if not await share_grants.shareable(conn, org, resource_type, resource_id, owner_view):
-            refusal = await share_grants.denial_reason(conn, org, owner_view, resource_type, resource_id, "read")
-            if refusal is not None:  # another scope's resource: a cross-scope attempt
-                access_audit.denied(deps, principal, resource_type, resource_id, "create_share",
-                                    "not_grantable" if refusal != "not_visible" else refusal)
+        owner = await share_grants.owner(conn, org, resource_type, resource_id)
+        if owner is None:  # no such resource in the org: it crossed no scope
+            raise _not_found(resource_type, resource_id)
+        acting_for_owner = owner.startswith(grantor + "/")
+        if owner != grantor and not (acting_for_owner and clearance.allows(principal.clearance,
+                                                                             clearance.Action.SHARE_FOR_OWNER)):
+            refused = await _refusal(conn, principal, resource_type, resource_id, owner)
+            access_audit.denied(deps, principal, resource_type, resource_id, "create_share", refused)
+            if refused == "not_owner":
+                raise PermissionDenied(
+                    f"resource_id: {resource_type} {resource_id} belongs to {owner!r}; a scope shares what it "
+                    f"owns (and, at L4, what the scopes below it own), not what it sees of the scopes above it",
+                    reason="NOT_RESOURCE_OWNER", metadata={"field": "resource_id"})
             raise _not_found(resource_type, resource_id)
 
     share_id = str(uuid.uuid4())
@@ -128,8 +139,23 @@ async def create_share(deps: Deps, principal: Principal, command: CreateShare) -
         grant = await share_grants.grant_by_id(conn, org, share_id)
     if grant is None:  # the projector stored none (OUT_OF_SCOPE)
         raise _not_found(resource_type, resource_id)
-    access_audit.allowed(deps, principal, resource_type, resource_id, "create_share", share_id=share_id)
+    access_audit.allowed(deps, principal, resource_type, resource_id,
+                         "create_share_for_owner" if acting_for_owner else "create_share", share_id=share_id)
     return Created(share_id, grant.created_at)
+
+
+async def _refusal(conn, principal: Principal, resource_type: str, resource_id: str, owner: str) -> str:
+    """The audit's reason for refusing a share of another scope's resource: `not_owner` for one the
+    caller sees by ownership (an ancestor's), `clearance_too_low` for one below it without L4, else
+    why it does not see it (`not_visible`, or `not_grantable` when it sees it only through a grant)."""
+    viewer = Visibility.of(principal.scope)
+    if viewer.sees(owner):
+        return "not_owner"
+    if owner.startswith(principal.scope.path + "/"):
+        return "clearance_too_low"
+    refusal = await share_grants.denial_reason(conn, principal.scope.org_id, viewer, resource_type, resource_id,
+                                               "read")
+    return "not_visible" if refusal in (None, "not_visible") else "not_grantable"
 
 
 def retry_advice(share_id: str) -> RetryAdvice:
@@ -140,4 +166,5 @@ def retry_advice(share_id: str) -> RetryAdvice:
 def _not_found(resource_type: str, resource_id: str) -> NotFound:
     """One answer for absent, another scope's, and seen only through a grant: no existence oracle."""
     return NotFound(f"resource_id: no {resource_type} {resource_id} the caller may share (a scope shares what "
-                    "it owns or its ancestors own)", reason="RESOURCE_NOT_FOUND", metadata={"field": "resource_id"})
+                    "it owns, and at L4 what the scopes below it own)", reason="RESOURCE_NOT_FOUND",
+                    metadata={"field": "resource_id"})

@@ -16,6 +16,8 @@ class Action(enum.Enum):
     COMPACT = ("compact a session", 3)
     CREATE_SHARE = ("create a share", 3)
     CREATE_CROSS_PILLAR_SHARE = ("create a cross-pillar share", 4)
+    # An ancestor of a resource's owning scope shares it for the owner (docs/security.md, *chosen*).
+    SHARE_FOR_OWNER = ("share a resource for the scope below it that owns it", 4)
     REVOKE_SHARE = ("revoke a share", 3)
 
     def __init__(self, description: str, level: int) -> None:
@@ -29,6 +31,10 @@ def require(clearance: int, action: Action) -> None:
             f"clearance L{clearance} may not {action.description}: L{action.level}+ required",
             metadata={"required": str(action.level), "actual": str(clearance)},
         )
+
+
+def allows(clearance: int, action: Action) -> bool:
+    return clearance >= action.level
 
 
 def require_revoke(clearance: int, *, caller_subject: str, grant_creator: str) -> None:

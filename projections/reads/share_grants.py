@@ -1,13 +1,13 @@
 """The reads of share grants (commands/create_share.py, revoke_share.py, list_shares.py; the
 share-aware reads); projections/projector/appliers/share.py writes them.
 
-A resource can be shared by a scope that sees it by ownership (context_engine/visibility.py):
-a chunk or a snapshot owned at the grantor's scope or an ancestor's, a guardrail layer of the
-grantor's own chain (its own and its ancestors' layers; every org has the platform's L1 already).
-A grant is not re-shared: what a scope sees only through a grant it cannot grant on.
+A resource is shared by its owner: the scope that wrote it (a chunk, a snapshot, a guardrail
+layer), or an L4 scope above the owner acting for it (commands/create_share.py checks the
+clearance). A scope below the owner sees the resource but does not publish it, and what a scope
+sees only through a grant it cannot grant on.
 
 CreateShare checks this before it appends; the reads check it again (`held_sql`: a grant holds
-a resource only while the resource is its grantor's to share). The projector does not: a grant's
+a resource only while it is owned at its grantor's scope or below). The projector does not: a grant's
 events are keyed by the share, so on another partition than its resource's, and a rebuild reads
 the partitions in another interleaving than the live projector applied them. A grant row depends
 only on its own events, and any interleaving rebuilds the same rows.
@@ -37,13 +37,19 @@ def _by_type(type_param: str, exists_where: str) -> str:
     return f"CASE {type_param}\n{arms}\n    ELSE false END"
 
 
-# Whether `$2` is a resource of type `$3` the scope whose visible paths are `$4` may share.
-_SHAREABLE = f"SELECT {_by_type('$3::text', 'scope_path = ANY($4::text[])')}"
+def _owner_by_type(type_param: str) -> str:
+    """A CASE on the resource type `type_param`: the scope path that owns resource `$2` of org `$1`."""
+    arms = "\n".join(f"    WHEN '{t}' THEN (SELECT scope_path FROM {table} WHERE org_id = $1 AND {column} = $2 LIMIT 1)"
+                     for t, (table, column) in _RESOURCE_TABLES.items())
+    return f"CASE {type_param}\n{arms}\n    END"
 
 
-async def shareable(conn: asyncpg.Connection, org_id: str, resource_type: str, resource_id: str,
-                    grantor: Visibility) -> bool:
-    return bool(await conn.fetchval(_SHAREABLE, org_id, uuid.UUID(resource_id), resource_type, grantor.sql_paths))
+_OWNER = f"SELECT {_owner_by_type('$3::text')}"
+
+
+async def owner(conn: asyncpg.Connection, org_id: str, resource_type: str, resource_id: str) -> str | None:
+    """The scope path that owns the resource, or None when the org holds no such resource."""
+    return await conn.fetchval(_OWNER, org_id, uuid.UUID(resource_id), resource_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,17 +94,24 @@ async def grant_by_event(conn: asyncpg.Connection, org_id: str, event_id: str) -
     return _grant(row) if row else None
 
 
-# ListShares: the live grants the caller created (grantor = its scope) or holds (grantee = its
-# scope or an ancestor's), oldest first, ties by id.
-_LISTED = """
-FROM share_grants
-WHERE org_id = $1 AND revoked_at IS NULL AND (grantor_path = $2 OR grantee_path = ANY($3::text[]))
+# ListShares: the live grants the caller created (grantor = its scope), holds (grantee = its
+# scope or an ancestor's), or whose resource it owns (whoever made them), oldest first, ties by id.
+_OWNED_BY_CALLER = "\n".join(
+    f"        WHEN '{t}' THEN EXISTS (SELECT 1 FROM {table} r WHERE r.org_id = g.org_id "
+    f"AND r.{column} = g.resource_id AND r.scope_path = $2)" for t, (table, column) in _RESOURCE_TABLES.items())
+_LISTED = f"""
+FROM share_grants AS g
+WHERE g.org_id = $1 AND g.revoked_at IS NULL
+  AND (g.grantor_path = $2 OR g.grantee_path = ANY($3::text[])
+       OR CASE g.resource_type
+{_OWNED_BY_CALLER}
+        ELSE false END)
 """
 
 
 async def listed_grants(conn: asyncpg.Connection, org_id: str, viewer: Visibility, *, offset: int,
                         limit: int) -> tuple[list[Grant], int]:
-    """One page of the caller's grants and how many there are in all."""
+    """One page of the grants the caller made, holds or owns the resource of, and how many in all."""
     args = (org_id, viewer.viewer.path, viewer.sql_paths)
     total = await conn.fetchval(f"SELECT count(*) {_LISTED}", *args)
     rows = await conn.fetch(f"SELECT {_GRANT_COLUMNS} {_LISTED} ORDER BY created_at, share_id OFFSET $4 LIMIT $5",
@@ -110,7 +123,8 @@ def held_sql(resource_type: str, *, org: str, paths: str, permission: str, resou
              columns: str = "") -> str:
     """A subquery of the resources of `resource_type` shared with the viewer whose visible paths
     are `paths` (a grant to its scope or an ancestor's: Visibility.holds) by a live grant with
-    `permission` whose grantor owns the resource (at its scope or an ancestor's), each once, by
+    `permission` whose grantor owns the resource (at its scope, or below it for an L4 grantor acting
+    for the owner: CreateShare checked the clearance), each once, by
     its oldest such grant: columns resource_id, share_id, and `columns` of the resource's row
     (alias `r`), keeping the resources `resource_filter` (on `r`) holds for. The arguments are SQL
     expressions (parameters) of the statement it goes in. One join of grant and resource: a read
@@ -124,7 +138,7 @@ def held_sql(resource_type: str, *, org: str, paths: str, permission: str, resou
             f"LIMIT 1) AS r "
             f"WHERE g.org_id = {org} AND g.resource_type = '{resource_type}' AND g.grantee_path = ANY({paths}) "
             f"AND g.revoked_at IS NULL AND {permission} = ANY(g.permissions) "
-            f"AND (r.scope_path = g.grantor_path OR starts_with(g.grantor_path, r.scope_path || '/')) "
+            f"AND (r.scope_path = g.grantor_path OR starts_with(r.scope_path, g.grantor_path || '/')) "
             f"AND ({resource_filter}) "
             f"ORDER BY g.resource_id, g.created_at, g.share_id")
 

@@ -34,6 +34,7 @@ from tests.fixtures.engine import Caller, unique
 from tests.fixtures.guardrails import publish
 from tests.fixtures.replay import log_of
 from tests.fixtures.settling import settled
+from tests.security.world import may_share, sees
 from upsquad.context.v1 import context_pb2 as pb
 from upsquad.context.v1 import context_pb2_grpc
 
@@ -155,6 +156,64 @@ async def test_create_share_clearance_follows_the_written_rule(engine):
     assert outcomes["other pillar's team", 3] is False and outcomes["other pillar's team", 4] is True
     granted = sum(outcomes.values())
     assert await grant_rows(engine, world.org) == granted
+
+
+GRANTORS = {  # grantor -> its ids below the org; the chunk is owned by the team sales/emea
+    "the org": (), "the owner's pillar": ("sales",), "the owner team": ("sales", "emea"),
+    "an agent of the owner team": ("sales", "emea", "bot"), "a sibling team": ("sales", "apac"),
+    "another pillar": ("support",),
+}
+
+
+async def test_only_the_owner_or_an_l4_ancestor_acting_for_it_shares(engine):
+    """docs/security.md's rule (tests/security/world.may_share) over six grantors x four clearances,
+    granting to the grantor's own pillar where it has one (the org: to the sales pillar): a scope
+    below the owner sees the chunk and is refused as not its owner; an ancestor below L4, a sibling
+    and another pillar get NOT_FOUND; what is refused writes nothing and leaves one denied row."""
+    world = await new_world(engine)
+    owner = Scope(world.org, "sales", "emea")
+    expected_rows = []
+    for label, ids in GRANTORS.items():
+        grantee = ("pillar", world.path(ids[0] if ids else "sales"))
+        for level in (1, 2, 3, 4):
+            grantor = Scope(world.org, *ids)
+            who = caller(engine, world.org, *ids, clearance=level)
+            allowed_by_clearance = level >= required_clearance(ids, (grantee[1].split("/")[1],))
+            request = share(world, *grantee)
+            if not allowed_by_clearance:
+                await expect_error(grpc.StatusCode.PERMISSION_DENIED, who("CreateShare", request),
+                                   reason="CLEARANCE_TOO_LOW")
+                expected_rows.append((grantor.path, "denied", "create_share"))
+            elif may_share(grantor, level, owner):
+                await who("CreateShare", request)
+                operation = "create_share" if grantor == owner else "create_share_for_owner"
+                expected_rows.append((grantor.path, "allowed", operation))
+            elif sees(grantor, owner):
+                err = await expect_error(grpc.StatusCode.PERMISSION_DENIED, who("CreateShare", request),
+                                         reason="NOT_RESOURCE_OWNER")
+                assert owner.path in err.details(), (label, level, err.details())
+                expected_rows.append((grantor.path, "denied", "create_share"))
+            else:
+                await expect_error(grpc.StatusCode.NOT_FOUND, who("CreateShare", request),
+                                   reason="RESOURCE_NOT_FOUND")
+                expected_rows.append((grantor.path, "denied", "create_share"))
+    assert await grant_rows(engine, world.org) == sum(outcome == "allowed" for _, outcome, _ in expected_rows)
+    rows = await audit_rows_until(engine, world.org, await sentinel(engine, world))
+    recorded = [("/".join([world.org] + [r[f"actor_{k}"] for k in ("pillar", "team", "agent") if r[f"actor_{k}"]]),
+                 r["outcome"], r["operation"]) for r in rows][:-1]  # the sentinel's last
+    assert sorted(recorded) == sorted(expected_rows)
+
+
+async def test_an_owner_lists_every_grant_of_its_resources_whoever_made_it(engine):
+    world = await new_world(engine)
+    pillar = caller(engine, world.org, "sales", clearance=4)
+    made = await pillar("CreateShare", share(world, "team", world.path("sales", "apac")))
+    owner_team = caller(engine, world.org, "sales", "emea")
+    listed = await owner_team("ListShares", pb.ListSharesRequest())
+    assert [(g.share_id, g.grantor_scope_id) for g in listed.shares] == [(made.share_id, world.path("sales"))]
+    assert listed.total_count == 1
+    # The owner's agent sees the grant's resource, and is no owner: the grant is not listed for it.
+    assert not (await caller(engine, world.org, "sales", "emea", "bot")("ListShares", pb.ListSharesRequest())).shares
 
 
 async def test_a_grantee_searches_the_chunk_its_agents_too_and_no_other_scope_or_org(engine):

@@ -4,6 +4,8 @@
 caller sees what is owned at its own scope and at its ancestors' scopes ... never a sibling's";
 an item is owned by the scope that wrote it. `may_rewrite` is docs/security.md's rule for
 destructive operations: only the session's owner scope. `sees_through` adds its share grants.
+`may_share` is docs/security.md's rule for who publishes a resource: its owner, or an L4 scope
+above the owner acting for it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def sees(reader: Scope, owner: Scope) -> bool:
 
 def may_rewrite(caller: Scope, session_owner: Scope) -> bool:
     return caller == session_owner
+
+
+def may_share(grantor: Scope, clearance: int, owner: Scope) -> bool:
+    """Whether `grantor` may publish an item owned at `owner`: it is the owner, or an ancestor of the
+    owner (the owner sees what the grantor owns, and is not the grantor) at clearance L4."""
+    return grantor == owner or (clearance >= 4 and sees(owner, grantor))
 
 
 @dataclass(frozen=True)
