@@ -219,6 +219,12 @@ async def _read_session(deps: Deps, principal: Principal, cmd: AssembleContext, 
         if exc.reason == "PINNED_CHUNK_NOT_FOUND":
             await access_audit.denied_resources(deps, principal, "chunk", exc.metadata["chunk_ids"].split(","),
                                                 "use_in_assembly")
+        elif exc.reason == "MUST_INCLUDE_NOT_FOUND" and "event_id" in exc.metadata:
+            async with org_transaction(deps.pool, scope.org_id, readonly=True) as conn:
+                owner = await sessions.event_owner(conn, scope.org_id, exc.metadata["event_id"])
+            if owner is not None and not Visibility.of(scope).sees(owner):  # another scope's event
+                access_audit.denied(deps, principal, "event", exc.metadata["event_id"], "use_in_assembly",
+                                    "not_visible")
         raise
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from commands import access_audit
 from commands.deps import Deps
 from commands.session_access import refused_write, require_rewritable, visible_session
 from context_engine import clearance, metrics, validation
@@ -46,7 +47,8 @@ class Compacted:
 
 
 async def compact(deps: Deps, principal: Principal, command: Compact) -> Compacted:
-    clearance.require(principal.clearance, clearance.Action.COMPACT)
+    access_audit.require_clearance(deps, principal, clearance.Action.COMPACT, "session", command.session_id,
+                                   "compact")
     validation.session_id(command.session_id)
     if command.strategy not in STRATEGIES:
         raise InvalidArgument("strategy", f"{command.strategy[:64]!r} is not supported; the only strategy is "

@@ -6,6 +6,7 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
+from commands import access_audit
 from commands.deps import Deps
 from commands.session_access import visible_session
 from context_engine import clearance, events, validation
@@ -43,7 +44,8 @@ def _taken(session_id: str, name: str) -> AlreadyExists:
 
 
 async def create_snapshot(deps: Deps, principal: Principal, command: CreateSnapshot) -> SnapshotCreated:
-    clearance.require(principal.clearance, clearance.Action.CREATE_SNAPSHOT)
+    access_audit.require_clearance(deps, principal, clearance.Action.CREATE_SNAPSHOT, "session", command.session_id,
+                                   "create_snapshot")
     validation.session_id(command.session_id)
     validation.name(command.snapshot_name, "snapshot_name")
     org = principal.scope.org_id

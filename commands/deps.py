@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from commands.read_back import ReadBack
+from commands.refusal_budget import RefusalBudget
 from commands.session_owners import SessionOwners
 from commands.write_budget import WriteBudget
 from context_engine.config import Settings
@@ -36,6 +37,7 @@ class Deps:
     write_budget: WriteBudget = field(default_factory=lambda: WriteBudget(0, 1))  # none unless given
     audit: AuditTrail = field(default_factory=RecordedAudit)
     summarizer: Summarizer = field(default_factory=ExtractiveSummarizer)  # Compact's
+    refusals: RefusalBudget = field(default_factory=lambda: RefusalBudget(0, 1))  # none unless given
 
     async def append(self, event: Event, session: SessionRef | None, *,
                      retry: RetryAdvice = APPENDS_AGAIN) -> str | None:

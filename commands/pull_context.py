@@ -52,11 +52,9 @@ async def pull_context(deps: Deps, principal: Principal, query: PullContext) -> 
         async with org_transaction(deps.pool, org, readonly=True) as conn:
             pulled = await read_memory(conn, org, agent_id, query.session_id, query.snapshot_name,
                                        Visibility.of(principal.scope))
-    except NotFound as exc:
-        if exc.reason == "SNAPSHOT_NOT_FOUND":  # another scope's snapshot of the name is a cross-scope attempt
-            async with org_transaction(deps.pool, org, readonly=True) as conn:
-                named = await sessions.snapshot_ids_named(conn, org, query.session_id, query.snapshot_name)
-            await access_audit.denied_resources(deps, principal, "snapshot", named, "read")
+    except NotFound:
+        if query.session_id:
+            await _audit_refusal(deps, principal, query)
         raise
     if pulled.share_id:
         access_audit.allowed(deps, principal, "snapshot", pulled.snapshot_id, "read", share_id=pulled.share_id)
@@ -64,3 +62,17 @@ async def pull_context(deps: Deps, principal: Principal, query: PullContext) -> 
         memory = await await_scan(deps.pool, pulled.memory, deps.settings.pii_scan_wait_seconds)
         pulled = dataclasses.replace(pulled, memory=memory)
     return pulled
+
+
+async def _audit_refusal(deps: Deps, principal: Principal, query: PullContext) -> None:
+    """One denied row when the refusal crossed a scope: the session, when it is another scope's the
+    caller does not see; else the first snapshot of the name another scope holds in it."""
+    org, viewer = principal.scope.org_id, Visibility.of(principal.scope)
+    async with org_transaction(deps.pool, org, readonly=True) as conn:
+        session = await sessions.get_session(conn, org, query.session_id)
+        if session is not None and not viewer.sees(session.scope_path):
+            access_audit.denied(deps, principal, "session", query.session_id, "read", "not_visible")
+            return
+        named = await sessions.snapshot_ids_named(conn, org, query.session_id, query.snapshot_name) \
+            if query.snapshot_name else []
+    await access_audit.denied_resources(deps, principal, "snapshot", named, "read", first_only=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from commands import access_audit
 from commands.deps import Deps
 from commands.session_access import refused_write, require_rewritable, visible_session
 from context_engine import clearance, validation
@@ -48,7 +49,8 @@ def version_not_found(org_id: str, command: RollbackContext) -> NotFound:
 
 
 async def rollback_context(deps: Deps, principal: Principal, command: RollbackContext) -> RolledBack:
-    clearance.require(principal.clearance, clearance.Action.ROLLBACK)
+    access_audit.require_clearance(deps, principal, clearance.Action.ROLLBACK, "session", command.session_id,
+                                   "rollback")
     validation.session_id(command.session_id)
     validation.version_hash(command.target_version_hash, "target_version_hash")
     org = principal.scope.org_id

@@ -10,8 +10,10 @@ from collections.abc import AsyncIterator
 
 import structlog
 
+from commands import access_audit
 from commands.deps import Deps
 from commands.read_back import PostgresReadBack
+from commands.refusal_budget import RefusalBudget
 from commands.session_owners import SessionOwners
 from commands.write_budget import WriteBudget
 from context_engine.auth import TokenVerifier
@@ -55,6 +57,14 @@ def api_database_url(settings: Settings) -> str:
                    path.read_text().strip() if path.exists() else None)
 
 
+async def _record_unrecorded_every_second(deps: Deps) -> None:
+    """The refusals over their principals' budgets, summarised into the audit trail each second
+    (commands/refusal_budget.py)."""
+    while True:
+        await asyncio.sleep(1.0)
+        access_audit.record_unrecorded(deps)
+
+
 @contextlib.asynccontextmanager
 async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
     if not settings.database_url or not settings.kafka_bootstrap:
@@ -86,11 +96,19 @@ async def open_deps(settings: Settings) -> AsyncIterator[Deps]:
         await event_log.start()
         await watch.start()
         audit.start()
-        yield Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool,
-                   SessionOwners(pool), PostgresReadBack(pool), embedder,
-                   QueryVectors(embedder, settings.query_vectors_remembered),
-                   WriteBudget.from_settings(settings), audit=audit,
-                   summarizer=summarizer_from_settings(settings))
+        deps = Deps(settings, event_log, watch, SessionFreshness(settings.freshness_timeout_seconds), pool,
+                    SessionOwners(pool), PostgresReadBack(pool), embedder,
+                    QueryVectors(embedder, settings.query_vectors_remembered),
+                    WriteBudget.from_settings(settings), audit=audit,
+                    summarizer=summarizer_from_settings(settings), refusals=RefusalBudget.from_settings(settings))
+        summaries = asyncio.create_task(_record_unrecorded_every_second(deps))
+        try:
+            yield deps
+        finally:
+            summaries.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await summaries
+            access_audit.record_unrecorded(deps)
     finally:
         await audit.stop()  # before the log: what is pending is published first, for a few seconds at most
         await embedder.aclose()

@@ -213,7 +213,7 @@ async def _required(conn: asyncpg.Connection, org: str, agent_id: str, session_i
         row = await conn.fetchrow(_REQUIRED_EVENT, org, session_id, eid, visible.sql_paths)
         if row is None:
             raise NotFound(f"{field_name}: {key!r}: no such active event in session {session_id!r}",
-                           reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name})
+                           reason="MUST_INCLUDE_NOT_FOUND", metadata={"field": field_name, "event_id": str(eid)})
         return _turn("required", row, key)
     memory = await sessions.latest_memory(conn, org, agent_id, session_id, visible, memory_type=key)
     if memory is None:

@@ -302,6 +302,12 @@ async def shared_snapshot_by_name(conn: asyncpg.Connection, org_id: str, session
     return (_snapshot(r), str(r["share_id"])) if r else None
 
 
+async def event_owner(conn: asyncpg.Connection, org_id: str, event_id: str) -> str | None:
+    """The scope path that wrote a session event of the org, or None (for auditing a refusal)."""
+    return await conn.fetchval("SELECT scope_path FROM session_events WHERE org_id = $1 AND event_id = $2 LIMIT 1",
+                               org_id, uuid.UUID(event_id))
+
+
 async def snapshot_ids_named(conn: asyncpg.Connection, org_id: str, session_id: str, name: str) -> list[str]:
     """Every snapshot of that name in the session, whoever created it (for auditing a refusal)."""
     return [str(r["snapshot_id"]) for r in await conn.fetch(
