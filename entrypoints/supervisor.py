@@ -8,8 +8,10 @@ subprocess that reads the same settings from the environment.
 A child that exits during start-up fails the start (most likely its configuration is wrong).
 Once SERVING, `up` restarts a child that exits (kill -9, a crash) with a bounded back-off
 (`Stack.supervise`); while the worker is down the API's health says NOT_SERVING
-(streams/readiness.py). `up` returns when it gets SIGINT/SIGTERM (exit 0) or when a child or the
-embedded broker dies more often than its restart budget allows (exit 1); either way it stops
+(streams/readiness.py). The embedded broker and the embedded PostgreSQL are started again on
+their ports when they die (PostgreSQL recovers from its write-ahead log; the worker and the API
+reconnect). `up` returns when it gets SIGINT/SIGTERM (exit 0) or when a child, the embedded broker
+or the embedded PostgreSQL dies more often than its restart budget allows (exit 1); either way it stops
 every child (SIGTERM, then SIGKILL after a grace period), then the broker, then PostgreSQL.
 Children also get PR_SET_PDEATHSIG so they cannot outlive a killed `up`. One `up` per data
 directory: the first thing `up` does is lock `run/up.lock` (claim_home); a second one is refused
@@ -62,6 +64,10 @@ EXAMPLE_CLEARANCE = 3
 # the embedding API key).
 DETECTOR_WITHHELD = re.compile(rf"{ENV_PREFIX}(.*DATABASE.*|KAFKA_.*|.*PASSWORD.*|.*KEYRING.*|JWT_.*|.*API_KEY.*)")
 BROKER_RESTARTS_PER_MINUTE = 10
+POSTGRES_RESTARTS_PER_MINUTE = 5
+# Crash recovery replays the write-ahead log since the last checkpoint before PostgreSQL accepts
+# connections again.
+POSTGRES_RECOVERY_TIMEOUT_S = 120.0
 # A child's restarts: at most this many in any minute, the n-th of them after
 # restart_delay(n) seconds (0, 1, 2, 4 then 8 s): a child that crashes at once on every start
 # stops the stack in ~15 s instead of spinning.
@@ -127,6 +133,7 @@ class Stack:
         self.children: list[Child] = []
         self.stopping = threading.Event()
         self.broker_restarts: list[float] = []  # monotonic times of restarts in the last minute
+        self.postgres_restarts: list[float] = []
         self.env: dict[str, str] = {}
         self.claim: int | None = None  # the data directory's lock (claim_home), once this `up` holds it
 
@@ -232,6 +239,9 @@ class Stack:
     # -- run -------------------------------------------------------------------------------
     def monitor(self) -> int:
         while not self.stopping.wait(0.2):
+            if self.postgres is not None and not self.postgres.is_running():
+                if not self._restart_postgres():
+                    return 1
             if self.broker is not None and not self.broker.is_running():
                 if not self._restart_broker():
                     return 1
@@ -291,6 +301,29 @@ class Stack:
             self.broker.restart()
         except Exception as exc:  # it may crash again at once: the next pass retries
             self.say(f"broker restart failed: {str(exc).splitlines()[0]}")
+        return True
+
+    def _restart_postgres(self) -> bool:
+        """The embedded PostgreSQL died (kill -9, out of memory): reap what is left of it (orphaned
+        backends would hold its shared memory and block the start) and start it again on its port;
+        it replays its write-ahead log, so every committed row is back. Meanwhile the worker retries
+        its batch (or exits and is restarted) and the API answers UNAVAILABLE, then both reconnect."""
+        now = time.monotonic()
+        self.postgres_restarts = [t for t in self.postgres_restarts if now - t < 60] + [now]
+        if len(self.postgres_restarts) > POSTGRES_RESTARTS_PER_MINUTE:
+            self.say(f"PostgreSQL died {len(self.postgres_restarts)} times in a minute; stopping the stack "
+                     f"(see {self.home / 'postgres.log'})")
+            return False
+        assert self.postgres is not None, "only the embedded PostgreSQL is restarted"
+        self.say("PostgreSQL exited; restarting it (crash recovery from its write-ahead log)")
+        started = time.monotonic()
+        try:
+            self.postgres.kill()
+            self.postgres.start(timeout=POSTGRES_RECOVERY_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the next pass tries again, within the budget
+            self.say(f"PostgreSQL restart failed: {str(exc).splitlines()[0]}")
+            return True
+        self.say(f"PostgreSQL restarted (pid {self.postgres.pid}) after {time.monotonic() - started:.1f}s")
         return True
 
     # -- stop ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import re
 import shlex
 import signal
 import socket
@@ -533,6 +534,24 @@ def test_up_restarts_killed_children_until_their_budget_is_spent(service_tmp_pat
               f"on the client's kept channel after {kept:.2f}s (failed before: {tally(failed)}), "
               f"a write acknowledged after {acked:.2f}s")
         assert child_pid(up, "serve", "api") != api
+
+        # kill -9 of the embedded PostgreSQL: up starts it again on its port, it recovers from its
+        # write-ahead log, and writes are acknowledged again with no manual step, the worker and
+        # the API reconnecting (neither exits: the exits below are the kills' only).
+        postgres = int(next(re.search(r"PostgreSQL \(embedded, pid (\d+)\)", line)[1]
+                            for line in up.lines if "PostgreSQL (embedded, pid" in line))
+        archived = "SELECT array_agg(event_id ORDER BY event_id)::text FROM event_archive"
+        before = asyncio.run(run_sql(up.database_url(), archived))
+        os.kill(postgres, signal.SIGKILL)
+        killed = time.monotonic()
+        seconds, failed = seconds_until_acknowledged(up.api_port, writer, killed, up)
+        print(f"kill -9 of PostgreSQL: a write acknowledged again after {seconds:.2f}s "
+              f"(failed before: {tally(failed)})")
+        assert any("PostgreSQL exited; restarting it" in line for line in up.lines)
+        assert any(line.startswith("[up] PostgreSQL restarted (pid ") for line in up.lines), up.lines
+        assert ingest_at_once(up.api_port, writer, 1) == [grpc.StatusCode.OK]
+        after = asyncio.run(run_sql(up.database_url(), archived))
+        assert set(before.strip("{}").split(",")) <= set(after.strip("{}").split(","))  # every committed event
         # Each restarted child stayed up: one exit each, the kill's.
         assert [line.split(" exited")[0] for line in up.lines if " exited with " in line] == ["[up] worker", "[up] api"]
 
