@@ -2,8 +2,8 @@
 grant created or revoked, and every refused cross-scope or under-clearance attempt (another
 scope's session, event or resource, a revoked grant, a grant without the permission, too low a
 clearance), one row each. Recording never blocks the call; the trail publishes asynchronously. A
-refusal is first charged to its principal's refused-call budget (commands/refusal_budget.py):
-past it, the call is answered RESOURCE_EXHAUSTED and counted into a summary row instead."""
+token over its refused-call budget is answered before any of this (commands/refusal_budget.py),
+its calls counted into summary rows (`record_unrecorded`)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ def allowed(deps: Deps, principal: Principal, resource_type: str, resource_id: s
 
 def denied(deps: Deps, principal: Principal, resource_type: str, resource_id: str, operation: str, reason: str, *,
            share_id: str = "") -> None:
-    """One denied row; raises ResourceExhausted instead when the principal's refusals are over budget."""
-    deps.refusals.spend(principal)
+    """One denied row."""
     deps.audit.record(AccessAttempt(principal.scope, resource_type, resource_id[:MAX_RESOURCE_ID], operation, False,
                                     share_id=share_id, denial_reason=reason))
 

@@ -130,6 +130,14 @@ async def create_share(deps: Deps, principal: Principal, command: CreateShare) -
                     f"owns (and, at L4, what the scopes below it own), not what it sees of the scopes above it",
                     reason="NOT_RESOURCE_OWNER", metadata={"field": "resource_id"})
             raise _not_found(resource_type, resource_id)
+        if acting_for_owner and Visibility.of(principal.scope).holds(to.path):
+            # A scope does not see what the scopes below it own; sharing it with itself would.
+            access_audit.denied(deps, principal, resource_type, resource_id, "create_share_for_owner",
+                                "grantee_is_grantor_or_above")
+            raise PermissionDenied(
+                f"grantee_scope_id: {to.path!r} is the caller's scope or above it: a scope shares what the scopes "
+                f"below it own with other scopes, never with itself", reason="GRANTEE_IS_GRANTOR_OR_ABOVE",
+                metadata={"field": "grantee_scope_id"})
 
     share_id = str(uuid.uuid4())
     event = Event.of(ShareCreated(share_id, resource_type, resource_id, level, to.path, granted, reason),

@@ -1,15 +1,17 @@
-"""Each principal's refused-call budget: how many refused cross-scope or under-clearance attempts a
-token may make, so that a client probing other scopes as fast as it can neither floods the audit
-trail (one row per refusal: 386-796 rows a second from one L2 client, issue #41) nor keeps an API
-process busy refusing it.
+"""Each principal's refused-call budget: how many refused calls a token may make, so that a client
+probing other scopes as fast as it can neither floods the audit trail (one row per refusal:
+386-796 rows a second from one L2 client, issue #41) nor keeps an API process busy refusing it.
 
 Counted per principal (org, scope path, token subject) in each API process with a sliding-window
 counter (the `limits` library): `refused_calls_per_second` sustained, bursts up to
-`refused_calls_burst`. Within the budget a refusal is answered as it is and leaves its audit row.
-Past it the call is answered RESOURCE_EXHAUSTED (REFUSED_CALL_RATE_EXCEEDED, `retry_after_seconds`)
-and its row is not written but counted; the count goes to the trail as one summary row per
-principal (`refused_attempts_not_recorded`: how many, from when to when) once a second while
-there are any (`flush`), and at shutdown. So the trail never loses an attempt silently.
+`refused_calls_burst`. Every call answered NOT_FOUND or PERMISSION_DENIED is charged (`charge`),
+whether or not what it named exists, so the budget tells nothing about other scopes. While a
+token is over its budget, each of its calls is answered RESOURCE_EXHAUSTED
+(REFUSED_CALL_RATE_EXCEEDED, `retry_after_seconds`) before anything is read (`admit`), and counted;
+the count goes to the audit trail as one summary row per token (`refused_attempts_not_recorded`:
+how many, from when to when) once a second while there are any (`flush`), and at shutdown. So the
+trail never loses an attempt silently. The interceptor that calls both is
+entrypoints/api/interceptors.py `Authentication`.
 """
 
 from __future__ import annotations
@@ -57,13 +59,12 @@ class RefusalBudget:
     def _key(principal: Principal) -> str:
         return f"{principal.scope.path}\x00{principal.subject}"
 
-    def spend(self, principal: Principal) -> None:
-        """Count one refusal of `principal`'s; past its budget, count the unwritten row and raise
-        RESOURCE_EXHAUSTED instead of the refusal."""
+    def admit(self, principal: Principal) -> None:
+        """RESOURCE_EXHAUSTED, counted for the summary row, while `principal`'s refusals are over budget."""
         if self._limiter is None:
             return
         key = self._key(principal)
-        if self._limiter.hit(self._item, key):
+        if self._limiter.test(self._item, key):
             return
         now = time.time()
         dropped = self._dropped.get(key)
@@ -75,8 +76,13 @@ class RefusalBudget:
         retry_after = max(0.1, reset_at - now)
         raise ResourceExhausted(
             f"this token's refused calls are over their budget ({self.per_second}/s, bursts up to {self.burst}): "
-            f"it is refused without being checked; retry after {retry_after:.1f} s",
+            f"the call was not served; retry after {retry_after:.1f} s",
             reason="REFUSED_CALL_RATE_EXCEEDED", metadata={"retry_after_seconds": f"{retry_after:.1f}"})
+
+    def charge(self, principal: Principal) -> None:
+        """Count one refused call of `principal`'s."""
+        if self._limiter is not None:
+            self._limiter.hit(self._item, self._key(principal))
 
     def flush(self) -> list[Dropped]:
         """The counts of unwritten rows since the last flush, one per principal, and reset them."""

@@ -110,11 +110,11 @@ class Settings(BaseSettings):
     # least max_content_bytes, or the largest content could never be written). 0 = no budget.
     org_write_bytes_per_second: int = Field(default=1024 * 1024, ge=0)
     org_write_burst_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
-    # Refused cross-scope or under-clearance calls per token (commands/refusal_budget.py), sustained per
-    # second and in one burst; past them a refusal is RESOURCE_EXHAUSTED and counted, not audited
-    # one by one. 0 = no budget.
-    refused_calls_per_second: int = Field(default=10, ge=0)
-    refused_calls_burst: int = Field(default=50, ge=1)
+    # Calls per token answered NOT_FOUND or PERMISSION_DENIED (commands/refusal_budget.py), sustained
+    # per second and in one burst; past them the token's calls are RESOURCE_EXHAUSTED, counted in
+    # summary audit rows. 0 = no budget.
+    refused_calls_per_second: int = Field(default=20, ge=0)
+    refused_calls_burst: int = Field(default=200, ge=1)
 
     # JWT verification. HS256 uses a key file generated under `home` on first `up`;
     # RS256 / EdDSA verify with a configured public key (PEM).

@@ -133,7 +133,8 @@ def build_api_server(settings: Settings, deps: Deps, address: str | None = None,
         SERVICE_NAME, lambda server: context_pb2_grpc.add_ContextEngineServicer_to_server(servicer, server))
     return build_server(
         address or settings.api_address, [binding],
-        interceptors=[ErrorsAndAccessLog(settings.rpc_timeout_seconds), Authentication(TokenVerifier(settings))],
+        interceptors=[ErrorsAndAccessLog(settings.rpc_timeout_seconds),
+                      Authentication(TokenVerifier(settings), deps.refusals)],
         max_message_bytes=settings.grpc_max_message_bytes, reuse_port=reuse_port,
     )
 

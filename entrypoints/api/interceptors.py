@@ -1,7 +1,8 @@
 """The API's authentication interceptor: verifies the bearer JWT, checks that `request.scope`
-equals the token's scope, and makes the Principal available to handlers through
-`current_principal()`. The interceptors both services share (errors, access log, the detector's
-service token) are in entrypoints/serving/interceptors.py.
+equals the token's scope, makes the Principal available to handlers through
+`current_principal()`, and keeps each token's refused-call budget (commands/refusal_budget.py).
+The interceptors both services share (errors, access log, the detector's service token) are in
+entrypoints/serving/interceptors.py.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from commands.refusal_budget import RefusalBudget
 from context_engine import errors
 from context_engine.auth import Principal, TokenVerifier
 from context_engine.scope import Scope
@@ -32,8 +34,9 @@ def current_principal() -> Principal:
 
 
 class Authentication(grpc.aio.ServerInterceptor):
-    def __init__(self, verifier: TokenVerifier) -> None:
+    def __init__(self, verifier: TokenVerifier, refusals: RefusalBudget | None = None) -> None:
         self._verifier = verifier
+        self._refusals = refusals or RefusalBudget(0, 1)
 
     async def intercept_service(self, continuation, details):
         if details.method.startswith(OPEN_SERVICES):
@@ -44,7 +47,12 @@ class Authentication(grpc.aio.ServerInterceptor):
                 principal = self._authenticate(context)
                 _check_scope(request, principal)
                 set_caller(principal)
-                return await behavior(request, context)
+                self._refusals.admit(principal)
+                try:
+                    return await behavior(request, context)
+                except (errors.NotFound, errors.PermissionDenied):
+                    self._refusals.charge(principal)
+                    raise
 
             return authenticated
 

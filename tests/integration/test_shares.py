@@ -167,18 +167,18 @@ GRANTORS = {  # grantor -> its ids below the org; the chunk is owned by the team
 
 async def test_only_the_owner_or_an_l4_ancestor_acting_for_it_shares(engine):
     """docs/security.md's rule (tests/security/world.may_share) over six grantors x four clearances,
-    granting to the grantor's own pillar where it has one (the org: to the sales pillar): a scope
-    below the owner sees the chunk and is refused as not its owner; an ancestor below L4, a sibling
-    and another pillar get NOT_FOUND; what is refused writes nothing and leaves one denied row."""
+    granting to the owner's sibling team: a scope below the owner sees the chunk and is refused as
+    not its owner; an ancestor below L4, a sibling and another pillar get NOT_FOUND; what is refused
+    writes nothing and leaves one denied row."""
     world = await new_world(engine)
     owner = Scope(world.org, "sales", "emea")
     expected_rows = []
     for label, ids in GRANTORS.items():
-        grantee = ("pillar", world.path(ids[0] if ids else "sales"))
+        grantee = ("team", world.path("sales", "apac"))
         for level in (1, 2, 3, 4):
             grantor = Scope(world.org, *ids)
             who = caller(engine, world.org, *ids, clearance=level)
-            allowed_by_clearance = level >= required_clearance(ids, (grantee[1].split("/")[1],))
+            allowed_by_clearance = level >= required_clearance(ids, ("sales", "apac"))
             request = share(world, *grantee)
             if not allowed_by_clearance:
                 await expect_error(grpc.StatusCode.PERMISSION_DENIED, who("CreateShare", request),
@@ -202,6 +202,17 @@ async def test_only_the_owner_or_an_l4_ancestor_acting_for_it_shares(engine):
     recorded = [("/".join([world.org] + [r[f"actor_{k}"] for k in ("pillar", "team", "agent") if r[f"actor_{k}"]]),
                  r["outcome"], r["operation"]) for r in rows][:-1]  # the sentinel's last
     assert sorted(recorded) == sorted(expected_rows)
+
+
+async def test_an_ancestor_acting_for_the_owner_shares_with_no_scope_that_would_see_it_as_its_own(engine):
+    """A pillar does not see its teams' chunks; a grant to itself or the org would give it one."""
+    world = await new_world(engine)
+    pillar = caller(engine, world.org, "sales", clearance=4)
+    for level, path in (("pillar", world.path("sales")), ("org", world.org)):
+        await expect_error(grpc.StatusCode.PERMISSION_DENIED, pillar("CreateShare", share(world, level, path)),
+                           reason="GRANTEE_IS_GRANTOR_OR_ABOVE")
+    assert await grant_rows(engine, world.org) == 0
+    assert await found(pillar, world.chunk_id) is None
 
 
 async def test_an_owner_lists_every_grant_of_its_resources_whoever_made_it(engine):
