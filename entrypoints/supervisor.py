@@ -134,6 +134,7 @@ class Stack:
         self.stopping = threading.Event()
         self.broker_restarts: list[float] = []  # monotonic times of restarts in the last minute
         self.postgres_restarts: list[float] = []
+        self.postgres_retry_at = 0.0  # after a failed restart, when to try again
         self.env: dict[str, str] = {}
         self.claim: int | None = None  # the data directory's lock (claim_home), once this `up` holds it
 
@@ -239,7 +240,8 @@ class Stack:
     # -- run -------------------------------------------------------------------------------
     def monitor(self) -> int:
         while not self.stopping.wait(0.2):
-            if self.postgres is not None and not self.postgres.is_running():
+            if self.postgres is not None and not self.postgres.is_running() \
+                    and time.monotonic() >= self.postgres_retry_at:
                 if not self._restart_postgres():
                     return 1
             if self.broker is not None and not self.broker.is_running():
@@ -320,8 +322,10 @@ class Stack:
         try:
             self.postgres.kill()
             self.postgres.start(timeout=POSTGRES_RECOVERY_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - the next pass tries again, within the budget
-            self.say(f"PostgreSQL restart failed: {str(exc).splitlines()[0]}")
+        except Exception as exc:  # noqa: BLE001 - tried again after a growing delay, within the budget
+            delay = restart_delay(len(self.postgres_restarts))
+            self.postgres_retry_at = time.monotonic() + delay
+            self.say(f"PostgreSQL restart failed: {str(exc).splitlines()[0]}; trying again in {delay:.0f}s")
             return True
         self.say(f"PostgreSQL restarted (pid {self.postgres.pid}) after {time.monotonic() - started:.1f}s")
         return True

@@ -230,9 +230,15 @@ class EmbeddedPostgres:
         kill_tree(proc)
 
     def kill(self) -> None:
-        """SIGKILL the server and its backends at once, as a crash of the machine would."""
+        """SIGKILL the server and its backends at once, as a crash of the machine would, and any
+        backend the server left behind: after a kill -9 of the server alone its backends are
+        orphans (they work in the data directory), and one still attached to the shared memory
+        keeps a new server from starting."""
         if self._proc is not None:
             kill_tree(self._proc)
+        for pid in _postgres_working_in(self.data_dir, self._bin / "postgres"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     def ensure_database(self, name: str) -> str:
         """Create database `name` if missing; return its superuser URL."""
@@ -337,6 +343,19 @@ class EmbeddedPostgres:
                     f"postgres did not accept connections on 127.0.0.1:{self.port} in time; "
                     f"log {self.log_path}:\n{log_tail(self.log_path)}")
             time.sleep(0.02)
+
+
+def _postgres_working_in(directory: Path, binary: Path) -> list[int]:
+    """The pids of the processes running `binary` whose working directory is `directory`
+    (PostgreSQL's server and backends chdir into their data directory)."""
+    directory, binary = directory.resolve(), binary.resolve()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(os.readlink(entry / "cwd")) == directory and Path(os.readlink(entry / "exe")) == binary:
+                    pids.append(int(entry.name))
+    return pids
 
 
 def _read(path: Path) -> str | None:
