@@ -121,7 +121,12 @@ def fetch(
     Each file is checked against the manifest's SHA-256 before it is imported; downloads resume
     where they stopped; a failure installs nothing. Then `context-engine pii rescan` clears the
     memory pushes quarantined while no PII model was installed."""
+    import os
+
+    # huggingface_hub's Xet transfers bypass the resumable, checked path below: plain HTTP only.
+    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
     from inference.detector import fetcher, model_manifest
+    from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
 
     keys = ["prompt-guard", "gliner"] if which is Which.all else [which.value]
     root = _models_dir(models_dir)
@@ -130,6 +135,10 @@ def fetch(
         sources = model_manifest.load(manifest)
         token = fetcher.read_token(token_file)
         for key in keys:
+            name = PROMPT_GUARD_NAME if key == "prompt-guard" else GLINER_NAME
+            if which is Which.all and (root / name).exists() and not force:
+                _progress(f"{root / name} is installed; skipped (--force replaces it)")
+                continue
             installed, fetched = fetcher.fetch_model(
                 key, sources, root, downloads=downloads_dir, token=token, unpinned=unpinned, force=force,
                 export_onnx=onnx, progress=_progress)
@@ -138,8 +147,8 @@ def fetch(
     except (fetcher.FetchFailed, model_manifest.ManifestInvalid) as exc:
         typer.secho(f"fetch failed: {exc}", err=True, fg=typer.colors.RED)
         raise typer.Exit(1) from None
-    if print_pins:
-        typer.echo(json.dumps(pins, indent=2, sort_keys=True))
+    if print_pins:  # a whole manifest: this one's entries with what was downloaded pinned
+        typer.echo(json.dumps({**model_manifest.raw(manifest), **pins}, indent=2, sort_keys=True))
     if "gliner" in keys:
         _progress("memory pushed while no PII model was installed is quarantined: `context-engine pii rescan` "
                   "clears it (docs/pii.md)")

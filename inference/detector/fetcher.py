@@ -20,7 +20,7 @@ import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from inference.detector.model_manifest import ModelSource
+from inference.detector.model_manifest import COMMIT, ModelSource
 
 Progress = Callable[[str], None]
 
@@ -64,14 +64,16 @@ def _explain(source: ModelSource, filename: str, exc: BaseException, token_given
     from huggingface_hub import errors
 
     where = f"{source.repo} ({filename}) from {endpoint()}"
-    if isinstance(exc, errors.GatedRepoError) or (
+    if source.gated and (isinstance(exc, errors.GatedRepoError) or (
             isinstance(exc, errors.HfHubHTTPError) and exc.response is not None
-            and exc.response.status_code in (401, 403)):
+            and exc.response.status_code in (401, 403))):
         how = ("the token given was refused: check that it has read access and that its account accepted"
                if token_given or _stored_token() else "then give a token: set HF_TOKEN, or --token-file FILE")
         return FetchFailed(f"{source.repo} is gated ({source.licence}): accept the licence at {source.page} "
                            f"with your Hugging Face account, {how}")
-    if isinstance(exc, (errors.RevisionNotFoundError, errors.RepositoryNotFoundError)):
+    if isinstance(exc, (errors.RevisionNotFoundError, errors.RepositoryNotFoundError)) or (
+            isinstance(exc, errors.HfHubHTTPError) and exc.response is not None
+            and exc.response.status_code in (401, 403, 404)):
         return FetchFailed(f"{where}: the repository or revision {source.revision or 'main'} is not there ({exc})")
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return FetchFailed(f"the disk is full while downloading {where}; free space and run the same command "
@@ -109,8 +111,9 @@ def _commit(source: ModelSource, token: str | None) -> str:
         commit = get_hf_file_metadata(hf_hub_url(source.repo, first, revision="main"), token=token).commit_hash
     except Exception as exc:  # noqa: BLE001 - every failure becomes one explained FetchFailed
         raise _explain(source, first, exc, token is not None) from exc
-    if not commit:
-        raise FetchFailed(f"{endpoint()} did not say which commit {source.repo}@main is (no X-Repo-Commit header)")
+    if not commit or not COMMIT.fullmatch(commit):
+        raise FetchFailed(f"{endpoint()} did not name the commit {source.repo}@main is (X-Repo-Commit "
+                          f"{str(commit)[:60]!r} is not a 40-hex commit id)")
     return commit
 
 
@@ -172,10 +175,12 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def record_download(installed: pathlib.Path, fetched: Fetched) -> None:
-    """What the fetch downloaded, beside the model's own manifest: repository, commit, each file's SHA-256."""
+def record_download(installed: pathlib.Path, fetched: list[Fetched]) -> None:
+    """What the fetch downloaded, beside the model's own manifest: per repository (the model's and
+    its backbone's), the commit and each file's SHA-256, and whether the manifest pinned them."""
     (installed / "fetched.json").write_text(json.dumps(
-        {"endpoint": endpoint(), "pinned": fetched.source.pinned, **fetched.pins()}, indent=2, sort_keys=True) + "\n")
+        {"endpoint": endpoint(), **{f.source.key: {"pinned": f.source.pinned, **f.pins()} for f in fetched}},
+        indent=2, sort_keys=True) + "\n")
 
 
 def default_downloads(models_dir: pathlib.Path) -> pathlib.Path:
@@ -213,5 +218,5 @@ def fetch_model(key: str, sources: dict[str, ModelSource], models_dir: pathlib.P
                                                force=force, progress=progress)
     except importer.ImportFailed as exc:
         raise FetchFailed(f"the downloaded {source.repo} does not install: {exc}") from exc
-    record_download(installed, fetched[0])
+    record_download(installed, fetched)
     return installed, fetched

@@ -118,12 +118,16 @@ def parse(raw: Any) -> dict[str, ModelSource]:
     return sources
 
 
-def load(path: pathlib.Path | None = None) -> dict[str, ModelSource]:
-    """This build's manifest, or the JSON file at `path`."""
+def raw(path: pathlib.Path | None = None) -> dict[str, Any]:
+    """The manifest as written: this build's, or the JSON file at `path`."""
     if path is None:
-        return parse(MANIFEST)
+        return MANIFEST
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ManifestInvalid(f"cannot read the manifest {path}: {exc}") from exc
-    return parse(raw)
+
+
+def load(path: pathlib.Path | None = None) -> dict[str, ModelSource]:
+    """This build's manifest, or the JSON file at `path`, checked."""
+    return parse(raw(path))

@@ -32,8 +32,8 @@ log = structlog.get_logger("context_engine.detector")
 SERVICE_NAME = detector_pb2.DESCRIPTOR.services_by_name["MLDetectorService"].full_name
 MODEL_NAMES = (PROMPT_GUARD_NAME, GLINER_NAME)
 IMPORT_COMMANDS = {
-    PROMPT_GUARD_NAME: "context-engine models fetch prompt-guard (or models import prompt-guard --from DIR)",
-    GLINER_NAME: "context-engine models fetch gliner (or models import gliner --from DIR)",
+    PROMPT_GUARD_NAME: "context-engine models fetch prompt-guard --unpinned (or models import prompt-guard --from DIR)",
+    GLINER_NAME: "context-engine models fetch gliner --unpinned (or models import gliner --from DIR)",
 }
 
 HealthListener = Callable[[str, bool], Awaitable[None]]

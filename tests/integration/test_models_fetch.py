@@ -90,7 +90,9 @@ def test_fetch_all_into_an_empty_data_directory(hub: HubServer, tmp_path: pathli
     assert classifier.revision == hub.repos[PG].commit
     assert gliner_pii.check_gliner_dir(tmp_path / "models" / GLINER_NAME).version == f"{GL}@{hub.repos[GL].commit}"
     recorded = json.loads((tmp_path / "models" / GLINER_NAME / "fetched.json").read_text())
-    assert recorded["pinned"] and recorded["revision"] == hub.repos[GL].commit and recorded["endpoint"] == hub.endpoint
+    assert recorded["endpoint"] == hub.endpoint
+    assert {k: (r["pinned"], r["revision"]) for k, r in recorded.items() if k != "endpoint"} == {
+        "gliner": (True, hub.repos[GL].commit), "gliner-backbone": (True, hub.repos[BB].commit)}
     # Only the pinned commit was asked for, and the downloads sit beside the models directory.
     assert {r.path.split("/resolve/")[1].split("/")[0] for r in hub.requests} == {
         hub.repos[PG].commit, hub.repos[GL].commit, hub.repos[BB].commit}
@@ -99,6 +101,9 @@ def test_fetch_all_into_an_empty_data_directory(hub: HubServer, tmp_path: pathli
     before = len(hub.requests)
     again = fetch(hub.endpoint, tmp_path, "gliner", "--manifest", str(manifest))
     assert again.returncode == 1 and "already exists; pass --force" in again.stderr
+    # `all` again (as after a failure half way): what is installed is skipped, nothing downloaded.
+    rest = fetch(hub.endpoint, tmp_path, "all", "--manifest", str(manifest))
+    assert rest.returncode == 0 and rest.stderr.count("is installed; skipped") == 2, rest.stderr
     assert len(hub.requests) == before
 
 
@@ -166,7 +171,12 @@ def test_an_unpinned_model_needs_unpinned_and_prints_its_pins(hub: HubServer, tm
     assert {n: p["sha256"] for n, p in pins["gliner"]["files"].items()} == {
         n: hashlib.sha256(b).hexdigest() for n, b in hub.repos[GL].files.items()}
     recorded = json.loads((tmp_path / "models" / GLINER_NAME / "fetched.json").read_text())
-    assert recorded["pinned"] is False and recorded["revision"] == hub.repos[GL].commit
+    assert recorded["gliner"]["pinned"] is False and recorded["gliner"]["revision"] == hub.repos[GL].commit
+    # What --print-pins printed is a manifest: the same bytes fetched again, pinned this time.
+    (tmp_path / "printed.json").write_text(json.dumps(pins))
+    again = fetch(hub.endpoint, tmp_path, "gliner", "--force", "--manifest", str(tmp_path / "printed.json"))
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "models" / GLINER_NAME / "fetched.json").read_text())["gliner"]["pinned"] is True
 
 
 def test_no_server_is_a_clear_error(tmp_path: pathlib.Path) -> None:
