@@ -13,13 +13,13 @@ rename, so a failure at any step leaves the models directory as it was.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from inference.detector.importer import sha256_file
 from inference.detector.model_manifest import COMMIT, ModelSource
 
 Progress = Callable[[str], None]
@@ -43,14 +43,6 @@ class Fetched:
                 "licence": self.source.licence,
                 "files": {n: {"sha256": self.sha256[n], "size": self.size[n]} for n in self.sha256},
                 **({"backbone": self.source.backbone} if self.source.backbone else {})}
-
-
-def _sha256(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def endpoint() -> str:
@@ -138,7 +130,7 @@ def download(source: ModelSource, downloads: pathlib.Path, *, token: str | None,
                                                 token=token))
         except Exception as exc:  # noqa: BLE001 - every failure becomes one explained FetchFailed
             raise _explain(source, pinned.name, exc, token is not None) from exc
-        got = _sha256(path)
+        got = sha256_file(path)
         if pinned.sha256 is not None and got != pinned.sha256:
             path.unlink(missing_ok=True)
             raise FetchFailed(f"{source.repo}@{commit[:12]} {pinned.name}: SHA-256 {got} is not the manifest's "

@@ -53,7 +53,8 @@ def _say(progress: Progress | None, message: str) -> None:
         progress(message)
 
 
-def _sha256(path: pathlib.Path) -> str:
+def sha256_file(path: pathlib.Path) -> str:
+    """The file's SHA-256, hex, read a MiB at a time (weights are hundreds of MB)."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -243,7 +244,7 @@ def import_prompt_guard(source: pathlib.Path, models_dir: pathlib.Path, *, revis
             "max_length": max_length,
             "mode": mode,
             "onnx_opset": ONNX_OPSET if mode == "exported-from-hf" else None,
-            "sha256": {name: _sha256(staging / name) for name in (prompt_guard.MODEL_FILE, "tokenizer.json")},
+            "sha256": {name: sha256_file(staging / name) for name in (prompt_guard.MODEL_FILE, "tokenizer.json")},
             "imported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         })
         _say(progress, "validating with onnxruntime")
