@@ -126,7 +126,6 @@ def fetch(
     # huggingface_hub's Xet transfers bypass the resumable, checked path below: plain HTTP only.
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
     from inference.detector import fetcher, model_manifest
-    from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
 
     keys = ["prompt-guard", "gliner"] if which is Which.all else [which.value]
     root = _models_dir(models_dir)
@@ -135,9 +134,8 @@ def fetch(
         sources = model_manifest.load(manifest)
         token = fetcher.read_token(token_file)
         for key in keys:
-            name = PROMPT_GUARD_NAME if key == "prompt-guard" else GLINER_NAME
-            if which is Which.all and (root / name).exists() and not force:
-                _progress(f"{root / name} is installed; skipped (--force replaces it)")
+            if which is Which.all and (dest := fetcher.installed_dir(key, root)).exists() and not force:
+                _progress(f"{dest} is installed; skipped (--force replaces it)")
                 continue
             installed, fetched = fetcher.fetch_model(
                 key, sources, root, downloads=downloads_dir, token=token, unpinned=unpinned, force=force,

@@ -56,16 +56,13 @@ def _explain(source: ModelSource, filename: str, exc: BaseException, token_given
     from huggingface_hub import errors
 
     where = f"{source.repo} ({filename}) from {endpoint()}"
-    if source.gated and (isinstance(exc, errors.GatedRepoError) or (
-            isinstance(exc, errors.HfHubHTTPError) and exc.response is not None
-            and exc.response.status_code in (401, 403))):
+    status = exc.response.status_code if isinstance(exc, errors.HfHubHTTPError) and exc.response is not None else None
+    if source.gated and (isinstance(exc, errors.GatedRepoError) or status in (401, 403)):
         how = ("the token given was refused: check that it has read access and that its account accepted"
                if token_given or _stored_token() else "then give a token: set HF_TOKEN, or --token-file FILE")
         return FetchFailed(f"{source.repo} is gated ({source.licence}): accept the licence at {source.page} "
                            f"with your Hugging Face account, {how}")
-    if isinstance(exc, (errors.RevisionNotFoundError, errors.RepositoryNotFoundError)) or (
-            isinstance(exc, errors.HfHubHTTPError) and exc.response is not None
-            and exc.response.status_code in (401, 403, 404)):
+    if isinstance(exc, (errors.RevisionNotFoundError, errors.RepositoryNotFoundError)) or status in (401, 403, 404):
         return FetchFailed(f"{where}: the repository or revision {source.revision or 'main'} is not there ({exc})")
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return FetchFailed(f"the disk is full while downloading {where}; free space and run the same command "
@@ -179,6 +176,13 @@ def default_downloads(models_dir: pathlib.Path) -> pathlib.Path:
     return pathlib.Path(os.path.abspath(models_dir)).parent / "model-downloads"
 
 
+def installed_dir(key: str, models_dir: pathlib.Path) -> pathlib.Path:
+    """Where `key` ("prompt-guard" or "gliner") is installed under `models_dir`."""
+    from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
+
+    return models_dir / (PROMPT_GUARD_NAME if key == "prompt-guard" else GLINER_NAME)
+
+
 def fetch_model(key: str, sources: dict[str, ModelSource], models_dir: pathlib.Path, *,
                 downloads: pathlib.Path | None = None, token: str | None = None, unpinned: bool = False,
                 force: bool = False, export_onnx: bool = False,
@@ -186,9 +190,8 @@ def fetch_model(key: str, sources: dict[str, ModelSource], models_dir: pathlib.P
     """Download `key` ("prompt-guard" or "gliner", with its backbone) and install it as `models import`
     does; returns the installed directory and what was downloaded."""
     from inference.detector import importer
-    from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
 
-    dest = models_dir / (PROMPT_GUARD_NAME if key == "prompt-guard" else GLINER_NAME)
+    dest = installed_dir(key, models_dir)
     if dest.exists() and not force:
         raise FetchFailed(f"{dest} already exists; pass --force to replace it")
     require_detector_extra(key)
