@@ -12,7 +12,8 @@ until 2026-12-05 16 turns were in flight and a session's order only roughly the 
 conversations in parallel; the
 script waits until the embedding pipeline has given every chunk a vector, then calls Search once
 per question (top_k 256, min_score 1e-6 so everything retrieved is ranked; one call in flight)
-and maps results back to dia_ids through the chunk metadata.
+and maps results back to dia_ids through the chunk metadata. `--top-k 10` asks as an agent
+usually does (the columns past 10 results then count what those 10 hold).
 
 Plain rankers, in this process, on the same documents and questions:
   BM25   rank_bm25 BM25Okapi (k1 1.5, b 0.75, its own idf with epsilon floor) over the engine's
@@ -187,7 +188,7 @@ class EngineRun:
     results: list[int]  # results per call
 
 
-async def engine_rankings(stack: Stack, items: list[Item], concurrency: int) -> EngineRun:
+async def engine_rankings(stack: Stack, items: list[Item], concurrency: int, top_k: int) -> EngineRun:
     async with grpc.aio.insecure_channel(stack.address) as channel:
         stub = context_pb2_grpc.ContextEngineStub(channel)
         tokens: dict[str, str] = {}
@@ -202,7 +203,7 @@ async def engine_rankings(stack: Stack, items: list[Item], concurrency: int) -> 
             org = org_of(it.conversation)
             token = tokens.setdefault(org, stack.token(org))
             request = pb.SearchRequest(scope=pb.ScopePath(org_id=org), query=it.question.text,
-                                       top_k=256, min_score=1e-6)
+                                       top_k=top_k, min_score=1e-6)
             async with gate:
                 started = time.perf_counter()
                 response = await call_with_retry(stub.Search, request, (("authorization", f"Bearer {token}"),))
@@ -248,6 +249,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_locomo_options(parser)
     parser.add_argument("--ingest-concurrency", type=int, default=10, help="conversations ingested at once")
+    parser.add_argument("--top-k", type=int, default=256, help="Search's top_k (1..256)")
     parser.add_argument("--search-concurrency", type=int, default=1,
                         help="Search calls in flight (1 = latencies of an otherwise idle stack)")
     args = parser.parse_args()
@@ -270,7 +272,7 @@ def main() -> None:
         chunks, embed_wait_s = wait_for_vectors(endpoints["database_url"], [org_of(c) for c in conversations],
                                                 events)
         load_before, cpu_before, phase_started = load_average(), stack_cpu_seconds(stack), time.monotonic()
-        run = asyncio.run(engine_rankings(stack, items, args.search_concurrency))
+        run = asyncio.run(engine_rankings(stack, items, args.search_concurrency, args.top_k))
         cpu_s, phase_s = stack_cpu_seconds(stack) - cpu_before, time.monotonic() - phase_started
         load_after = load_average()
     finally:
@@ -299,7 +301,7 @@ def main() -> None:
           f"{events:,} IngestEvent calls ({args.ingest_concurrency} conversations at once, each in order) "
           f"in {ingest_s:.1f} s "
           f"({events / ingest_s:,.0f}/s); {chunks:,} chunks all embedded {embed_wait_s:.1f} s after the last ack; "
-          f"Search top_k 256, min_score 1e-6, {args.search_concurrency} in flight; "
+          f"Search top_k {args.top_k}, min_score 1e-6, {args.search_concurrency} in flight; "
           f"retried calls {dict(RETRIES) or 'none'}")
     print(f"Search latency ms: p50 {percentile(ms, 50):.1f}  p95 {percentile(ms, 95):.1f}  "
           f"p99 {percentile(ms, 99):.1f}  mean {statistics.fmean(ms):.1f}  ({len(ms):,} calls)")

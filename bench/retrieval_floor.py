@@ -18,6 +18,8 @@ plan's lookup.
     .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k
     .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k --budget 2000 --questions 300
     .venv/bin/python bench/retrieval_floor.py --home /tmp/ce100k --top-k 10 --plans generic   # as Search runs
+    .venv/bin/python bench/retrieval_floor.py --home /tmp/asm --org locomo-26 --budget 2000   # a LoCoMo org
+                    # (bench/locomo_assembly.py --home /tmp/asm --keep), its own questions, the org's caller
 """
 
 from __future__ import annotations
@@ -86,30 +88,31 @@ async def explain_prepared(conn: asyncpg.Connection, name: str, args: tuple) -> 
 
 
 async def measure(dsn: str, questions: list[str], budget: int, top_k: int | None,
-                  generic: bool) -> dict[str, list[float]]:
+                  generic: bool, caller: Scope) -> dict[str, list[float]]:
     vectors = await build_embedder("minilm").embed(questions)
     conn = await asyncpg.connect(dsn)
     await register_vector(conn)
     times: dict[str, list[float]] = {k: [] for k in ("lexical", "lexical planning", "fusion", "fusion planning")}
     try:
-        model = await conn.fetchval("SELECT max(embedding_model) FROM chunks WHERE org_id = $1", ORG)
+        model = await conn.fetchval("SELECT max(embedding_model) FROM chunks WHERE org_id = $1", caller.org_id)
         tokens, chunks = await conn.fetchrow(  # the caller's visible corpus, as AssembleContext reads it
             "SELECT sum(token_total), sum(n_docs) FROM corpus_stats WHERE org_id = $1 AND scope_path = ANY($2::text[])",
-            ORG, [s.path for s in CALLER.ancestors()])
+            caller.org_id, [s.path for s in caller.ancestors()])
         if top_k is None:
             top_k = retrieval_depth(budget, int(tokens), int(chunks))
             print(f"depth at a {budget}-token budget: ", end="")
         size = max(MIN_POOL, 2 * top_k)  # as projections.reads.search.search sizes the first pass
         print(f"top_k {top_k}, pools of {size} per leg")
         pool = Pool(vector_k=size, bm25_k=size, ef_search=FIRST_EF_SEARCH)
-        settings = {"app.org_id": ORG, **_pass_settings(FIRST_EF_SEARCH), **(GENERIC_PLANS if generic else {})}
+        settings = {"app.org_id": caller.org_id, **_pass_settings(FIRST_EF_SEARCH),
+                    **(GENERIC_PLANS if generic else {})}
         prepared = False
         for question, vector in zip(questions, vectors):
             for counted in (False, True):
                 async with conn.transaction(readonly=True):
                     await conn.execute(f"SET LOCAL ROLE {API_GROUP_ROLE}")
                     await conn.execute(set_config_sql(settings))
-                    r = _Retriever(conn, CALLER, "", analyze(question), None, model, dt.datetime.now(dt.UTC),
+                    r = _Retriever(conn, caller, "", analyze(question), None, model, dt.datetime.now(dt.UTC),
                                    FLOOR, top_k)
                     if not generic:
                         lexical = await explain(conn, *r.lexical_statement(pool))
@@ -141,12 +144,16 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=200)
     parser.add_argument("--plans", choices=("custom", "generic"), default="custom",
                         help="custom: planned per call (AssembleContext); generic: as Search runs them")
+    parser.add_argument("--org", default=ORG, help=f"the org to retrieve from, as its org-level caller unless {ORG} "
+                                                    "(bench/assemble.py's agent); a LoCoMo org asks its own questions")
     args = parser.parse_args()
-    questions = [q.text for c in load_locomo() for q in c.questions][:args.questions]
+    caller = CALLER if args.org == ORG else Scope(args.org)
+    conversations = [c for c in load_locomo() if args.org == ORG or c.name.split("-")[-1] == args.org.split("-")[-1]]
+    questions = [q.text for c in conversations for q in c.questions][:args.questions]
     buffers = default_shared_buffers_mb()
     with EmbeddedPostgres(args.home / "postgres", settings={"shared_buffers": f"{buffers}MB"}) as pg:
         times = asyncio.run(measure(pg.dsn_for(DATABASE_NAME), questions, args.budget, args.top_k,
-                                    args.plans == "generic"))
+                                    args.plans == "generic", caller))
     print(f"machine: {machine()}; PostgreSQL shared_buffers {buffers} MB; {len(questions)} LoCoMo questions, "
           f"each run twice, the second counted; one at a time, nothing else running; {args.plans} plans")
     print(f"{'statement (server-side)':<28}{'mean ms':>9}{'p50 ms':>9}{'p10 ms':>9}{'p90 ms':>9}")
