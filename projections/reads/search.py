@@ -262,6 +262,42 @@ def _neighbours_sql(reach: int) -> str:
     return ",\n               ".join(near)
 
 
+def _scored_sql(ids: str, dims: int) -> str:
+    """The CTEs ending in `{ids}_scored`: each chunk of the CTE `ids` that the caller sees
+    (searchable, scope or shared, domain), with its cosine (on the float32 vector), its exact
+    BM25 from all its postings of the query terms, its recency, its session position and its
+    HYBRID score before the lift. A pushed memory or a summary line has no session here."""
+    w = HYBRID
+    return f"""{ids}_signals AS (
+    SELECT c.chunk_id, true AS candidate, c.created_at,
+           CASE WHEN c.embedding_dims = {dims} AND c.embedding_model = $3
+                THEN 1 - (c.embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine,
+           NULL::float8 AS bm25,
+           CASE WHEN c.source_kind = 'event' THEN c.session_id END AS session_id, c.chunk_index, c.seq
+    FROM chunks c
+    WHERE c.org_id = $1 AND c.chunk_id = ANY(ARRAY(SELECT chunk_id FROM {ids})) AND c.searchable
+      AND (c.scope_path = ANY($4::text[]) OR c.chunk_id = ANY($15::uuid[])) AND ($5 = '' OR c.domain = $5)
+    UNION ALL
+    SELECT t.chunk_id, false, NULL, NULL,
+           {term_score_sql("q.weight", "t.tf", "t.doc_length", "$10::float8")}, NULL, NULL, NULL
+    FROM chunk_terms t JOIN unnest($8::text[], $9::float8[]) AS q(term, weight) ON q.term = t.term
+    WHERE t.org_id = $1 AND t.term = ANY($8::text[]) AND t.chunk_id = ANY(ARRAY(SELECT chunk_id FROM {ids}))
+), {ids}_candidates AS (
+    SELECT chunk_id, max(created_at) AS created_at, max(cosine) AS cosine, coalesce(sum(bm25), 0) AS bm25,
+           max(session_id) AS session_id, max(chunk_index) AS chunk_index, max(seq) AS seq
+    FROM {ids}_signals GROUP BY chunk_id HAVING bool_or(candidate)
+), {ids}_components AS (
+    SELECT chunk_id, created_at, cosine, bm25, session_id, chunk_index, seq,
+           {cosine_sql("cosine")} AS vector,
+           {bm25_sql("bm25", "$11::float8")} AS lexical,
+           {recency_sql("created_at", "$12::timestamptz", w.recency_half_life_seconds)} AS recency
+    FROM {ids}_candidates
+), {ids}_scored AS MATERIALIZED (
+    SELECT *, {w.score_sql("vector", "lexical", "recency")} AS fused
+    FROM {ids}_components
+)"""
+
+
 def _fused(dims: int, *, exact: bool = False) -> str:
     """The vector leg (cosine over the HNSW index of the running embedder's dimension, whose
     graph holds half-precision copies of the vectors (migration 0012), top `$6`, same
@@ -272,15 +308,24 @@ def _fused(dims: int, *, exact: bool = False) -> str:
     lexical leg's `$7`, and `retrieval.fusion.HYBRID` over that union: each candidate's cosine
     (on the float32 vector), its exact BM25 from all its postings of the query terms (`$8`, each
     term's weight idf x count in the query `$9`, mean length `$10`) normalised by the query's idf
-    mass `$11`, its recency at `$12`, and the weighted score clamped to [0, 1], then lifted
-    toward the best score of the candidates near it in its session (`WeightedFusion.lift`: in
+    mass `$11`, its recency at `$12`, and the weighted score clamped to [0, 1] (`_scored_sql`).
+    The turns within `NEIGHBOUR_REACH` of the first `$14` of that pool by this score are scored
+    the same way and join the candidates (`near`): the lift below reaches a turn beside a leading
+    candidate whether or not a leg's pool held it, so the first results of a shallow call rank as
+    those of a deep one (on LoCoMo, AssembleContext's prompt at 2,000 tokens held .839 of the
+    evidence without them, .863 with them, as much as pools of 512 per leg gave). Every candidate
+    is then lifted toward the best score of the candidates near it in its session
+    (`WeightedFusion.lift`: in
     the session's order of `seq` then chunk index, the candidates up to `NEIGHBOUR_REACH` places
     before and after it that lie within that many turns, or chunks of the same message; a pushed
     memory or a summary has none, `_neighbours_sql`). The
     position comes with the chunk row the vector leg reads anyway (chunks.seq, migration 0026)
     and the neighbours from window functions in one pass: a join of the candidates with
     themselves ran as a nested loop under row-level security's estimates (3x the CPU of a
-    Search), and a seq read from session_events per candidate cost +22%. It returns the
+    Search), and a seq read from session_events per candidate cost +22%. For the same reason
+    every set of ids is read through `= ANY(ARRAY(...))`, which the planner turns into index
+    conditions whatever it estimates (a join of the pool with chunks scanned the pool once per
+    chunk of the org). It returns the
     first `$14` candidates whose score clears the floor `$13`, best first, with their rows, and
     one summary row (`summary` true): how many candidates there were, how many cleared the floor
     and the top score (for the confidence gate). One round trip, and ~150 rows instead of every
@@ -308,35 +353,20 @@ WITH vector_leg AS (
       AND (scope_path = ANY($4::text[]) OR chunk_id = ANY($15::uuid[])) AND ($5 = '' OR domain = $5)
     ORDER BY {distance}
     LIMIT $6
-), ids AS MATERIALIZED (
+), pool AS MATERIALIZED (
     SELECT chunk_id FROM vector_leg UNION SELECT unnest($7::uuid[])
-), signals AS (
-    SELECT c.chunk_id, true AS candidate, c.created_at,
-           CASE WHEN c.embedding_dims = {dims} AND c.embedding_model = $3
-                THEN 1 - (c.embedding::vector({dims}) <=> $2::vector({dims})) END AS cosine,
-           NULL::float8 AS bm25,
-           CASE WHEN c.source_kind = 'event' THEN c.session_id END AS session_id, c.chunk_index, c.seq
-    FROM ids JOIN chunks c ON c.org_id = $1 AND c.chunk_id = ids.chunk_id
-    WHERE c.searchable AND (c.scope_path = ANY($4::text[]) OR c.chunk_id = ANY($15::uuid[]))
-      AND ($5 = '' OR c.domain = $5)
-    UNION ALL
-    SELECT t.chunk_id, false, NULL, NULL,
-           {term_score_sql("q.weight", "t.tf", "t.doc_length", "$10::float8")}, NULL, NULL, NULL
-    FROM chunk_terms t JOIN unnest($8::text[], $9::float8[]) AS q(term, weight) ON q.term = t.term
-    WHERE t.org_id = $1 AND t.term = ANY($8::text[]) AND t.chunk_id = ANY(ARRAY(SELECT chunk_id FROM ids))
-), candidates AS (
-    SELECT chunk_id, max(created_at) AS created_at, max(cosine) AS cosine, coalesce(sum(bm25), 0) AS bm25,
-           max(session_id) AS session_id, max(chunk_index) AS chunk_index, max(seq) AS seq
-    FROM signals GROUP BY chunk_id HAVING bool_or(candidate)
-), components AS (
-    SELECT chunk_id, created_at, cosine, bm25, session_id, chunk_index, seq,
-           {cosine_sql("cosine")} AS vector,
-           {bm25_sql("bm25", "$11::float8")} AS lexical,
-           {recency_sql("created_at", "$12::timestamptz", w.recency_half_life_seconds)} AS recency
-    FROM candidates
-), scored AS MATERIALIZED (
-    SELECT *, {w.score_sql("vector", "lexical", "recency")} AS fused
-    FROM components
+), {_scored_sql("pool", dims)}, place AS MATERIALIZED (
+    SELECT DISTINCT lead.session_id, lead.seq + d AS seq
+    FROM (SELECT session_id, seq FROM pool_scored WHERE seq IS NOT NULL
+          ORDER BY fused DESC, chunk_id::text LIMIT $14) AS lead
+    CROSS JOIN generate_series(-{NEIGHBOUR_REACH}, {NEIGHBOUR_REACH}) AS d
+), near AS MATERIALIZED (
+    SELECT n.chunk_id FROM place CROSS JOIN LATERAL (
+        SELECT chunk_id FROM chunks WHERE org_id = $1 AND session_id = place.session_id AND seq = place.seq
+    ) AS n
+    WHERE n.chunk_id <> ALL(ARRAY(SELECT chunk_id FROM pool))
+), {_scored_sql("near", dims)}, scored AS (
+    SELECT * FROM pool_scored UNION ALL SELECT * FROM near_scored
 ), beside AS (
     SELECT *,
            greatest({_neighbours_sql(NEIGHBOUR_REACH)}) AS neighbour

@@ -274,11 +274,13 @@ def plan_nodes(node: dict):
 
 
 async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: int, vector_k: int = 50,
-                        explain: bool = False, scopes: list[str] | None = None):
+                        explain: bool = False, scopes: list[str] | None = None, lexical: bool = True,
+                        vector_order: str = "chunk_id"):
     """The fusion statement (`_fused`) as the API's role: every chunk of the org a lexical
-    candidate, the first chunk's vector as the query vector. Returns its rows, the statistics
-    it was given, each chunk's postings of the query terms (and its length under ""), the ids,
-    the time it scored recency at, and the plan when `explain`."""
+    candidate (none unless `lexical`), the vector of the first chunk in `vector_order` as the
+    query vector. Returns its rows, the statistics it was given, each chunk's postings of the
+    query terms (and its length under ""), the ids, the time it scored recency at, and the plan
+    when `explain`."""
     terms = analyze(query)
     now = dt.datetime.now(dt.UTC)
     conn = await asyncpg.connect(engine.settings.database_url)
@@ -291,10 +293,10 @@ async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: in
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
             stats, _ranked = await retriever._lexical_leg(Pool(bm25_k=50))
             vector, model, ids = await conn.fetchrow(
-                "SELECT (array_agg(embedding ORDER BY chunk_id))[1], max(embedding_model), array_agg(chunk_id) "
+                f"SELECT (array_agg(embedding ORDER BY {vector_order}))[1], max(embedding_model), array_agg(chunk_id) "
                 "FROM chunks")
             distinct = list(retriever.term_counts)
-            args = (org, vector, model, scopes or retriever.scopes, "", vector_k, ids, distinct,
+            args = (org, vector, model, scopes or retriever.scopes, "", vector_k, ids if lexical else [], distinct,
                     [stats.idf(t) * n for t, n in retriever.term_counts.items()], stats.avgdl,
                     query_idf_mass(terms, stats), now, floor, top_k, [])
             plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + _fused(384), *args) if explain else None
@@ -321,6 +323,26 @@ async def test_the_candidates_postings_are_read_once_under_row_level_security(co
     assert summary["total"] == summary["above"] == len(ids)
     assert sorted(str(r["chunk_id"]) for r in rows if not r["summary"]) == sorted(map(str, ids))
     assert len(postings) == 4  # the turns holding a query term: all but the adoption one
+
+
+async def test_the_turns_beside_a_leading_candidate_are_scored_when_no_pool_held_them(corpus, engine):
+    """The lift reaches past the pools: a pool of one turn (the first, the query being its own
+    vector; no lexical candidate) brings the turns within NEIGHBOUR_REACH of it into the fusion,
+    scored exactly as when every turn is a candidate, and no turn further away."""
+    org, _caller = corpus
+    query = "support group camping trip with the kids"
+    alone, *_ = await _fused_as_app(engine, org, query, floor=1e-6, top_k=50, vector_k=1, lexical=False,
+                                    vector_order="seq")
+    every, *_ = await _fused_as_app(engine, org, query, floor=1e-6, top_k=50, vector_order="seq")
+    got = {TURNS.index(r["content"]): r for r in alone if not r["summary"]}
+    assert sorted(got) == list(range(NEIGHBOUR_REACH + 1))  # the first turn and the ones after it within reach
+    assert next(r for r in alone if r["summary"])["total"] == NEIGHBOUR_REACH + 1
+    reference = {TURNS.index(r["content"]): r for r in every if not r["summary"]}
+    for turn, row in got.items():
+        for name in ("cosine", "bm25", "vector", "lexical"):
+            assert row[name] == pytest.approx(reference[turn][name], rel=1e-12, abs=1e-12), (turn, name)
+        assert row["recency"] == pytest.approx(reference[turn]["recency"], abs=1e-5)  # the two calls' clocks
+    assert got[0]["score"] == pytest.approx(reference[0]["score"], abs=1e-5)  # all its neighbours are there
 
 
 async def test_the_fusion_statement_computes_hybrid_exactly(corpus, engine):
