@@ -275,12 +275,12 @@ def plan_nodes(node: dict):
 
 async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: int, vector_k: int = 50,
                         explain: bool = False, scopes: list[str] | None = None, lexical: bool = True,
-                        vector_order: str = "chunk_id"):
+                        vector_order: str = "chunk_id", shared_first: bool = False):
     """The fusion statement (`_fused`) as the API's role: every chunk of the org a lexical
     candidate (none unless `lexical`), the vector of the first chunk in `vector_order` as the
     query vector. Returns its rows, the statistics it was given, each chunk's postings of the
     query terms (and its length under ""), the ids, the time it scored recency at, and the plan
-    when `explain`."""
+    when `explain`. `shared_first`: that first chunk is shared with the caller, as by a grant."""
     terms = analyze(query)
     now = dt.datetime.now(dt.UTC)
     conn = await asyncpg.connect(engine.settings.database_url)
@@ -292,13 +292,13 @@ async def _fused_as_app(engine, org: str, query: str, *, floor: float, top_k: in
             await conn.execute(f"SET LOCAL ROLE {APP_ROLE}")
             await conn.execute("SELECT set_config('app.org_id', $1, true)", org)
             stats, _ranked = await retriever._lexical_leg(Pool(bm25_k=50))
-            vector, model, ids = await conn.fetchrow(
-                f"SELECT (array_agg(embedding ORDER BY {vector_order}))[1], max(embedding_model), array_agg(chunk_id) "
-                "FROM chunks")
+            vector, model, ids, first = await conn.fetchrow(
+                f"SELECT (array_agg(embedding ORDER BY {vector_order}))[1], max(embedding_model), array_agg(chunk_id), "
+                f"(array_agg(chunk_id ORDER BY {vector_order}))[1] FROM chunks")
             distinct = list(retriever.term_counts)
             args = (org, vector, model, scopes or retriever.scopes, "", vector_k, ids if lexical else [], distinct,
                     [stats.idf(t) * n for t, n in retriever.term_counts.items()], stats.avgdl,
-                    query_idf_mass(terms, stats), now, floor, top_k, [])
+                    query_idf_mass(terms, stats), now, floor, top_k, [first] if shared_first else [])
             plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + _fused(384), *args) if explain else None
             rows = await conn.fetch(_fused(384), *args)
             postings = {r["chunk_id"]: dict(zip(r["terms"], r["tfs"])) | {"": r["doc_length"]}
@@ -438,6 +438,17 @@ async def test_the_fusion_statement_rechecks_the_visibility_of_lexical_ids(corpu
     rows, *_ = await _fused_as_app(engine, org, "support group camping", floor=1e-6, top_k=50,
                                    scopes=[f"{org}/elsewhere"])
     assert [r["total"] for r in rows if r["summary"]] == [0] and not [r for r in rows if not r["summary"]]
+
+
+async def test_the_turns_beside_a_shared_turn_stay_out_of_sight(corpus, engine):
+    """A caller that sees one turn of a session only through a share gets that turn, and none
+    of the turns beside it that the lift would look up: each neighbour is read under the same
+    visibility as the legs."""
+    org, _caller = corpus
+    rows, *_ = await _fused_as_app(engine, org, "support group camping", floor=1e-6, top_k=50, vector_k=5,
+                                   lexical=False, vector_order="seq", scopes=[f"{org}/elsewhere"], shared_first=True)
+    assert [TURNS.index(r["content"]) for r in rows if not r["summary"]] == [0]
+    assert [r["total"] for r in rows if r["summary"]] == [1]
 
 
 async def test_a_small_corpus_is_searched_exactly_whatever_other_orgs_hold(engine):
