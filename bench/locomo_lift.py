@@ -5,7 +5,8 @@ The signals are the stack's own: `inference.text_analysis.analyze`, `projections
 with the conversation's statistics, the int8 MiniLM, `HYBRID`'s weights; every turn is a candidate
 (Search's pools at `top_k` 256 hold a whole conversation). Through the API (bench/locomo_search.py,
 conversations ingested in dialogue order) hybrid-v1, v2 and v3 give the same figures to the third
-digit. Prints any@5, R@5, R@10, R@2k tok per variant.
+digit. Prints any@5, R@5, R@10, R@2k tok per variant: the lifts, query expansion from the first
+pass, and a turn's session as a unit.
 
     .venv/bin/python bench/locomo_lift.py            # ~1 min: embeds the 5,882 turns and 1,536 questions
 """
@@ -13,6 +14,7 @@ digit. Prints any@5, R@5, R@10, R@2k tok per variant.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 from dataclasses import dataclass
 
@@ -83,15 +85,30 @@ def row(ranking: np.ndarray, evidence: set[int], named: int, tokens: np.ndarray)
             len(evidence & set(ranking[:10])) / named, len(evidence & set(within)) / named]
 
 
+def session_scores(fused: np.ndarray, sessions: np.ndarray, best: int) -> np.ndarray:
+    """Each turn's session scored by the mean of its `best` turns' fused scores."""
+    out = np.zeros_like(fused)
+    for session in np.unique(sessions):
+        members = sessions == session
+        out[members] = np.sort(fused[members])[::-1][:best].mean()
+    return out
+
+
 def evaluate(data: list[Signals], lift: float, reach: int, second: float = 1.0, *,
-             expand: tuple[int, float] | None = None) -> dict[str, np.ndarray]:
+             expand: tuple[int, float] | None = None,
+             session: tuple[int, float] | None = None) -> dict[str, np.ndarray]:
     """The variant's figures; `expand` = (m, β): query expansion from the first pass, the question's
-    vector moved toward the mean of its top m results by β, normalised, and the vector leg recomputed."""
+    vector moved toward the mean of its top m results by β, normalised, and the vector leg recomputed;
+    `session` = (n, γ): a turn's LoCoMo session as a unit, γ times the mean of its best n turns added."""
     rows: dict[str, list[list[float]]] = {"fit": [], "held out": []}
     for s in data:
+        sessions = np.array([int(d.split(":")[0].lstrip("D")) for d in s.ids])  # D3:5 -> session 3
         for i, (evidence, named) in enumerate(s.evidence):
             fused = HYBRID.w_vector * s.vector[i] + HYBRID.w_bm25 * s.lexical[i]
             score = lifted(fused, lift, reach, second) if reach else fused
+            if session is not None:
+                best, gamma = session
+                score = score + gamma * session_scores(fused, sessions, best)
             if expand is not None:
                 m, beta = expand
                 moved = s.asked[i] + beta * s.turns[np.argsort(-score)[:m]].mean(axis=0)
@@ -112,16 +129,19 @@ VARIANTS: tuple[tuple[str, float, int, float], ...] = (
 
 
 EXPANSIONS = ((1, 0.3), (3, 0.3), (3, 0.6), (5, 0.3), (5, 1.0))
+SESSION_UNITS = ((1, 0.05), (1, 0.1), (1, 0.2), (3, 0.1), (3, 0.2), (3, 0.3))  # (best n turns, γ)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--locomo-dir", default=LOCOMO_DIR)
+    parser.add_argument("--locomo-dir", type=pathlib.Path, default=LOCOMO_DIR)
     data = signals(parser.parse_args().locomo_dir)
     print(f"{'variant':<42}{'fit: ' + ' / '.join(COLUMNS):<40}held out")
     runs = [(name, evaluate(data, lift, reach, second)) for name, lift, reach, second in VARIANTS]
     runs += [(f"hybrid-v2 + expansion, top {m}, β {beta}", evaluate(data, 0.5, 1, expand=(m, beta)))
              for m, beta in EXPANSIONS]
+    runs += [(f"hybrid-v3 + session, best {n}, γ {gamma}", evaluate(data, 0.5, 2, session=(n, gamma)))
+             for n, gamma in SESSION_UNITS]
     for name, result in runs:
         print(f"{name:<42}" + "".join(f"{' / '.join(f'{v:.3f}' for v in result[s]):<40}" for s in ("fit", "held out")))
 
