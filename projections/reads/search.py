@@ -310,10 +310,14 @@ def _fused(dims: int, *, exact: bool = False) -> str:
     term's weight idf x count in the query `$9`, mean length `$10`) normalised by the query's idf
     mass `$11`, its recency at `$12`, and the weighted score clamped to [0, 1] (`_scored_sql`).
     The turns within `NEIGHBOUR_REACH` of the first `$14` of that pool by this score are scored
-    the same way and join the candidates (`near`): the lift below reaches a turn beside a leading
-    candidate whether or not a leg's pool held it, so the first results of a shallow call rank as
-    those of a deep one (on LoCoMo, AssembleContext's prompt at 2,000 tokens held .839 of the
-    evidence without them, .863 with them, as much as pools of 512 per leg gave). Every candidate
+    the same way and join the candidates (`near`): of the messages up to that many turns before
+    or after a leader, their last or first `NEIGHBOUR_REACH` chunks, and of the leader's own
+    message the chunks that many either side of it, each read on `chunks_session` (so a long
+    message adds at most that many chunks, whatever its size). The lift below then reaches a turn
+    beside a leading candidate whether or not a leg's pool held it, so the first results of a
+    shallow call rank as those of a deep one (on LoCoMo, AssembleContext's prompt at 2,000 tokens
+    held .839 of the evidence without them, .863 with them, as much as pools of 512 per leg gave).
+    Every candidate
     is then lifted toward the best score of the candidates near it in its session
     (`WeightedFusion.lift`: in
     the session's order of `seq` then chunk index, the candidates up to `NEIGHBOUR_REACH` places
@@ -328,7 +332,10 @@ def _fused(dims: int, *, exact: bool = False) -> str:
     chunk of the org). It returns the
     first `$14` candidates whose score clears the floor `$13`, best first, with their rows, and
     one summary row (`summary` true): how many candidates there were, how many cleared the floor
-    and the top score (for the confidence gate). One round trip, and ~150 rows instead of every
+    and the top score (for the confidence gate). The pools' candidates are all counted, the turns
+    beside the leaders only when they clear the floor: which turns those are depends on `$14`,
+    and `results_below_threshold` counts what the floor removed from what the rankers produced,
+    whatever top_k the caller asked for. One round trip, and ~150 rows instead of every
     candidate's row and postings (~1,100 at assembly's pools) for the API to decode and fuse.
 
     A candidate is read again under the same visibility as the legs (searchable, scope or
@@ -356,17 +363,27 @@ WITH vector_leg AS (
 ), pool AS MATERIALIZED (
     SELECT chunk_id FROM vector_leg UNION SELECT unnest($7::uuid[])
 ), {_scored_sql("pool", dims)}, place AS MATERIALIZED (
-    SELECT DISTINCT lead.session_id, lead.seq + d AS seq
-    FROM (SELECT session_id, seq FROM pool_scored WHERE seq IS NOT NULL
+    SELECT DISTINCT lead.session_id, lead.seq + d AS seq, d, CASE WHEN d = 0 THEN lead.chunk_index END AS at
+    FROM (SELECT session_id, seq, chunk_index FROM pool_scored WHERE seq IS NOT NULL
           ORDER BY fused DESC, chunk_id::text LIMIT $14) AS lead
     CROSS JOIN generate_series(-{NEIGHBOUR_REACH}, {NEIGHBOUR_REACH}) AS d
 ), near AS MATERIALIZED (
-    SELECT n.chunk_id FROM place CROSS JOIN LATERAL (
-        SELECT chunk_id FROM chunks WHERE org_id = $1 AND session_id = place.session_id AND seq = place.seq
+    SELECT DISTINCT n.chunk_id FROM place CROSS JOIN LATERAL (
+        (SELECT chunk_id FROM chunks
+         WHERE place.d = 0 AND org_id = $1 AND session_id = place.session_id AND seq = place.seq
+           AND chunk_index BETWEEN place.at - {NEIGHBOUR_REACH} AND place.at + {NEIGHBOUR_REACH})
+        UNION ALL
+        (SELECT chunk_id FROM chunks
+         WHERE place.d > 0 AND org_id = $1 AND session_id = place.session_id AND seq = place.seq
+         ORDER BY chunk_index LIMIT {NEIGHBOUR_REACH})
+        UNION ALL
+        (SELECT chunk_id FROM chunks
+         WHERE place.d < 0 AND org_id = $1 AND session_id = place.session_id AND seq = place.seq
+         ORDER BY chunk_index DESC LIMIT {NEIGHBOUR_REACH})
     ) AS n
     WHERE n.chunk_id <> ALL(ARRAY(SELECT chunk_id FROM pool))
 ), {_scored_sql("near", dims)}, scored AS (
-    SELECT * FROM pool_scored UNION ALL SELECT * FROM near_scored
+    SELECT *, true AS pooled FROM pool_scored UNION ALL SELECT *, false FROM near_scored
 ), beside AS (
     SELECT *,
            greatest({_neighbours_sql(NEIGHBOUR_REACH)}) AS neighbour
@@ -386,7 +403,8 @@ FROM kept k CROSS JOIN LATERAL (
 ) AS c
 UNION ALL
 SELECT true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       max(score), count(*), count(*) FILTER (WHERE score >= $13::float8)
+       max(score), count(*) FILTER (WHERE pooled OR score >= $13::float8),
+       count(*) FILTER (WHERE score >= $13::float8)
 FROM lifted
 """
 

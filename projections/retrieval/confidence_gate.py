@@ -16,9 +16,10 @@ Broadening (:func:`broaden`) turns the initial :class:`Pool` into a wider one:
   query's distinct terms, :func:`bm25.minimum_should_match` with fraction 0.5) to OR (any one
   term).
 
-The broadened pass REPLACES the first pass's candidates (it is a superset of the same query)
-and is classified as usual. Expansion happens at most once: broadening an expanded pool raises,
-and :func:`retrieve_with_gate` calls the retriever at most twice.
+The broadened pass REPLACES the first pass's candidates (its pools hold the first pass's; the
+turns Search adds beside its leading candidates may differ) and is classified as usual.
+Expansion happens at most once: broadening an expanded pool raises, and
+:func:`retrieve_with_gate` calls the retriever at most twice.
 """
 
 from __future__ import annotations

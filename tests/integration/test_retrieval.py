@@ -449,6 +449,39 @@ async def test_the_turns_beside_a_shared_turn_stay_out_of_sight(corpus, engine):
                                    lexical=False, vector_order="seq", scopes=[f"{org}/elsewhere"], shared_first=True)
     assert [TURNS.index(r["content"]) for r in rows if not r["summary"]] == [0]
     assert [r["total"] for r in rows if r["summary"]] == [1]
+    own, *_ = await _fused_as_app(engine, org, "support group camping", floor=1e-6, top_k=50, vector_k=1,
+                                  lexical=False, vector_order="seq")
+    assert sorted(TURNS.index(r["content"]) for r in own if not r["summary"]) == [0, 1, 2]  # the owner's call
+
+
+async def test_the_floor_count_holds_what_the_rankers_produced_whatever_top_k(corpus, engine):
+    """results_below_threshold counts what the floor removed from the rankers' candidates, not
+    from the turns looked up beside the first top_k of them: at the same pools, a call of 1 and a
+    call of 2 count the same (here the floor removes everything: the two pooled turns)."""
+    org, _caller = corpus
+    counts = []
+    for top_k in (1, 2):
+        rows, *_ = await _fused_as_app(engine, org, "support group camping", floor=0.99, top_k=top_k, vector_k=2,
+                                       lexical=False, vector_order="seq")
+        summary = next(r for r in rows if r["summary"])
+        counts.append((summary["total"], summary["above"]))
+    assert counts == [(2, 0), (2, 0)]
+
+
+async def test_a_long_message_beside_a_leader_adds_only_its_nearest_chunks(engine):
+    """Of a message of many chunks after a leading turn, only its first NEIGHBOUR_REACH chunks are
+    looked up: what the neighbours cost does not grow with a message's size."""
+    org = unique("org")
+    caller = engine.caller(org, "p", "t", "bot", clearance=1)
+    long_text = " ".join(f"Sentence {i} says the garden grew tomatoes, beans and squash all summer." for i in range(80))
+    first, long_id, last = await ingest(caller, "conv-1", [TURNS[0], long_text, TURNS[1]])
+    await wait_embedded(engine, org)
+    every, *_ = await _fused_as_app(engine, org, "garden support group", floor=1e-6, top_k=50)
+    assert sum(str(r["source_event_id"]) == long_id for r in every if not r["summary"]) > 2 * NEIGHBOUR_REACH
+    rows, *_ = await _fused_as_app(engine, org, "garden support group", floor=1e-6, top_k=50, vector_k=1,
+                                   lexical=False, vector_order="seq, chunk_index")
+    got = sorted((str(r["source_event_id"]), r["chunk_index"]) for r in rows if not r["summary"])
+    assert got == sorted([(first, 0), *((long_id, i) for i in range(NEIGHBOUR_REACH)), (last, 0)])
 
 
 async def test_a_small_corpus_is_searched_exactly_whatever_other_orgs_hold(engine):
