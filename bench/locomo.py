@@ -49,3 +49,8 @@ def load_locomo(directory: pathlib.Path = LOCOMO_DIR, limit: int | None = None) 
         times = {t["dia_id"]: data.get(f"{k}_date_time", "") for k in sessions for t in data[k]}
         conversations.append(Conversation(path.stem, turns, questions, times))
     return conversations
+
+
+def org_of(c: Conversation) -> str:
+    """The org a LoCoMo bench puts conversation `c` in (one org per conversation)."""
+    return f"locomo-{c.name}"

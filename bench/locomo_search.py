@@ -55,7 +55,7 @@ disable_grpc_fork_handlers()  # an entry point that starts a stack: before gRPC 
 import grpc  # noqa: E402
 import numpy as np
 from grpc_load import RETRIES, call_with_retry
-from locomo import SPLITS, Conversation, Question, load_locomo
+from locomo import SPLITS, Conversation, Question, load_locomo, org_of
 from options import add_locomo_options
 from rank_bm25 import BM25Okapi
 from report import load_average, machine, percentile
@@ -91,10 +91,6 @@ class Item:
 def items_of(conversations: list[Conversation]) -> list[Item]:
     return [Item(c, q) for c in conversations for q in c.questions
             if q.category in CATEGORIES and q.evidence]
-
-
-def org_of(c: Conversation) -> str:
-    return f"locomo-{c.name}"
 
 
 # -- recall ------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from entrypoints.embedded.process import disable_grpc_fork_handlers  # noqa: E40
 
 disable_grpc_fork_handlers()  # an entry point: before anything below loads gRPC and forks PostgreSQL
 
-from bench.locomo import load_locomo  # noqa: E402
+from bench.locomo import load_locomo, org_of  # noqa: E402
 from bench.report import machine  # noqa: E402
 from context_engine.scope import Scope  # noqa: E402
 from entrypoints.embedded.postgres import EmbeddedPostgres, default_shared_buffers_mb  # noqa: E402
@@ -148,7 +148,7 @@ def main() -> None:
                                                     "(bench/assemble.py's agent); a LoCoMo org asks its own questions")
     args = parser.parse_args()
     caller = CALLER if args.org == ORG else Scope(args.org)
-    conversations = [c for c in load_locomo() if args.org == ORG or c.name.split("-")[-1] == args.org.split("-")[-1]]
+    conversations = [c for c in load_locomo() if args.org in (ORG, org_of(c))]
     questions = [q.text for c in conversations for q in c.questions][:args.questions]
     buffers = default_shared_buffers_mb()
     with EmbeddedPostgres(args.home / "postgres", settings={"shared_buffers": f"{buffers}MB"}) as pg:

@@ -317,19 +317,16 @@ def _fused(dims: int, *, exact: bool = False) -> str:
     beside a leading candidate whether or not a leg's pool held it, so the first results of a
     shallow call rank as those of a deep one (on LoCoMo, AssembleContext's prompt at 2,000 tokens
     held .839 of the evidence without them, .863 with them, as much as pools of 512 per leg gave).
-    Every candidate
-    is then lifted toward the best score of the candidates near it in its session
-    (`WeightedFusion.lift`: in
-    the session's order of `seq` then chunk index, the candidates up to `NEIGHBOUR_REACH` places
-    before and after it that lie within that many turns, or chunks of the same message; a pushed
-    memory or a summary has none, `_neighbours_sql`). The
-    position comes with the chunk row the vector leg reads anyway (chunks.seq, migration 0026)
-    and the neighbours from window functions in one pass: a join of the candidates with
-    themselves ran as a nested loop under row-level security's estimates (3x the CPU of a
-    Search), and a seq read from session_events per candidate cost +22%. For the same reason
-    every set of ids is read through `= ANY(ARRAY(...))`, which the planner turns into index
-    conditions whatever it estimates (a join of the pool with chunks scanned the pool once per
-    chunk of the org). It returns the
+    Every candidate is then lifted toward the best score of the candidates near it in its session
+    (`WeightedFusion.lift`: in the session's order of `seq` then chunk index, the candidates up to
+    `NEIGHBOUR_REACH` places before and after it that lie within that many turns, or chunks of the
+    same message; a pushed memory or a summary has none, `_neighbours_sql`). The position comes
+    with the chunk row the vector leg reads anyway (chunks.seq, migration 0026) and the neighbours
+    from window functions in one pass: a join of the candidates with themselves ran as a nested
+    loop under row-level security's estimates (3x the CPU of a Search), and a seq read from
+    session_events per candidate cost +22%. For the same reason every set of ids is read through
+    `= ANY(ARRAY(...))`, which the planner turns into index conditions whatever it estimates (a
+    join of the pool with chunks scanned the pool once per chunk of the org). It returns the
     first `$14` candidates whose score clears the floor `$13`, best first, with their rows, and
     one summary row (`summary` true): how many candidates there were, how many cleared the floor
     and the top score (for the confidence gate). The pools' candidates are all counted, the turns
@@ -351,6 +348,7 @@ def _fused(dims: int, *, exact: bool = False) -> str:
     candidate (234 ms instead of 3 ms at 419 candidates on LoCoMo). Only the kept rows are read
     again, each by its key, for their content."""
     w = HYBRID
+    at_place = "org_id = $1 AND session_id = place.session_id AND seq = place.seq"
     distance = (f"embedding::vector({dims}) <=> $2::vector({dims})" if exact
                 else f"embedding::halfvec({dims}) <=> $2::vector({dims})::halfvec({dims})")
     return f"""
@@ -369,16 +367,12 @@ WITH vector_leg AS (
     CROSS JOIN generate_series(-{NEIGHBOUR_REACH}, {NEIGHBOUR_REACH}) AS d
 ), near AS MATERIALIZED (
     SELECT DISTINCT n.chunk_id FROM place CROSS JOIN LATERAL (
-        (SELECT chunk_id FROM chunks
-         WHERE place.d = 0 AND org_id = $1 AND session_id = place.session_id AND seq = place.seq
+        (SELECT chunk_id FROM chunks WHERE place.d = 0 AND {at_place}
            AND chunk_index BETWEEN place.at - {NEIGHBOUR_REACH} AND place.at + {NEIGHBOUR_REACH})
         UNION ALL
-        (SELECT chunk_id FROM chunks
-         WHERE place.d > 0 AND org_id = $1 AND session_id = place.session_id AND seq = place.seq
-         ORDER BY chunk_index LIMIT {NEIGHBOUR_REACH})
+        (SELECT chunk_id FROM chunks WHERE place.d > 0 AND {at_place} ORDER BY chunk_index LIMIT {NEIGHBOUR_REACH})
         UNION ALL
-        (SELECT chunk_id FROM chunks
-         WHERE place.d < 0 AND org_id = $1 AND session_id = place.session_id AND seq = place.seq
+        (SELECT chunk_id FROM chunks WHERE place.d < 0 AND {at_place}
          ORDER BY chunk_index DESC LIMIT {NEIGHBOUR_REACH})
     ) AS n
     WHERE n.chunk_id <> ALL(ARRAY(SELECT chunk_id FROM pool))
