@@ -6,7 +6,7 @@ with the conversation's statistics, the int8 MiniLM, `HYBRID`'s weights; every t
 (Search's pools at `top_k` 256 hold a whole conversation). Through the API (bench/locomo_search.py,
 conversations ingested in dialogue order) hybrid-v1, v2 and v3 give the same figures to the third
 digit. Prints any@5, R@5, R@10, R@2k tok per variant: the lifts, query expansion from the first
-pass, and a turn's session as a unit.
+pass, a turn's session as a unit, and the turns of a speaker the question names.
 
     .venv/bin/python bench/locomo_lift.py            # ~1 min: embeds the 5,882 turns and 1,536 questions
 """
@@ -41,6 +41,8 @@ class Signals:
     evidence: list[tuple[set[int], int]]  # the turns found, and how many ids the question names
     turns: np.ndarray  # the turns' vectors
     asked: np.ndarray  # the questions' vectors
+    speakers: np.ndarray  # each turn's speaker, casefolded
+    named: list[set[str]]  # per question, the speakers its analyzed terms name
 
 
 def signals(locomo_dir) -> list[Signals]:
@@ -60,10 +62,12 @@ def signals(locomo_dir) -> list[Signals]:
             raw = np.asarray(bm25.bm25_scores(terms, docs, stats))
             lexical.append(np.minimum(1.0, raw / mass) if mass > 0 else np.zeros(len(docs)))
         index = {d: i for i, d in enumerate(ids)}
+        speakers = np.array([t.split(":", 1)[0].casefold() for _, t in c.turns])
         out.append(Signals(c.name, ids, np.array([count_tokens(t, "gpt-4") for _, t in c.turns]),
                            np.maximum(0.0, asked @ turns.T), np.array(lexical),
                            [({index[e] for e in q.evidence if e in index}, len(set(q.evidence)))
-                            for q in questions], turns, asked))
+                            for q in questions], turns, asked,
+                           speakers, [set(speakers) & set(analyze(q.text)) for q in questions]))
         print(f"conv-{c.name}: {len(ids)} turns, {len(questions)} questions", file=sys.stderr)
     return out
 
@@ -96,15 +100,18 @@ def session_scores(fused: np.ndarray, sessions: np.ndarray, best: int) -> np.nda
 
 def evaluate(data: list[Signals], lift: float, reach: int, second: float = 1.0, *,
              expand: tuple[int, float] | None = None,
-             session: tuple[int, float] | None = None) -> dict[str, np.ndarray]:
+             session: tuple[int, float] | None = None, speaker: float = 0.0) -> dict[str, np.ndarray]:
     """The variant's figures; `expand` = (m, β): query expansion from the first pass, the question's
     vector moved toward the mean of its top m results by β, normalised, and the vector leg recomputed;
-    `session` = (n, γ): a turn's LoCoMo session as a unit, γ times the mean of its best n turns added."""
+    `session` = (n, γ): a turn's LoCoMo session as a unit, γ times the mean of its best n turns added;
+    `speaker` = δ: added to the fused score of the turns spoken by the one speaker a question names."""
     rows: dict[str, list[list[float]]] = {"fit": [], "held out": []}
     for s in data:
         sessions = np.array([int(d.split(":")[0].lstrip("D")) for d in s.ids])  # D3:5 -> session 3
         for i, (evidence, named) in enumerate(s.evidence):
             fused = HYBRID.w_vector * s.vector[i] + HYBRID.w_bm25 * s.lexical[i]
+            if speaker and len(s.named[i]) == 1:
+                fused = fused + speaker * (s.speakers == next(iter(s.named[i])))
             score = lifted(fused, lift, reach, second) if reach else fused
             if session is not None:
                 best, gamma = session
@@ -130,6 +137,7 @@ VARIANTS: tuple[tuple[str, float, int, float], ...] = (
 
 EXPANSIONS = ((1, 0.3), (3, 0.3), (3, 0.6), (5, 0.3), (5, 1.0))
 SESSION_UNITS = ((1, 0.05), (1, 0.1), (1, 0.2), (3, 0.1), (3, 0.2), (3, 0.3))  # (best n turns, γ)
+SPEAKER_BOOSTS = (0.02, 0.05, 0.1, 0.2)  # δ
 
 
 def main() -> None:
@@ -142,6 +150,8 @@ def main() -> None:
              for m, beta in EXPANSIONS]
     runs += [(f"hybrid-v3 + session, best {n}, γ {gamma}", evaluate(data, 0.5, 2, session=(n, gamma)))
              for n, gamma in SESSION_UNITS]
+    runs += [(f"hybrid-v3 + named speaker, δ {delta}", evaluate(data, 0.5, 2, speaker=delta))
+             for delta in SPEAKER_BOOSTS]
     for name, result in runs:
         print(f"{name:<42}" + "".join(f"{' / '.join(f'{v:.3f}' for v in result[s]):<40}" for s in ("fit", "held out")))
 
