@@ -105,12 +105,17 @@ def analysed_chunks(event_id: str, content: bytes, metadata: dict[str, Any]) -> 
     return [(c, term_frequencies(c.content)) for c in chunks]
 
 
+def _no_totals() -> list[int]:
+    return [0, 0, 0]
+
+
 @dataclass
-class _PendingChunks:
+class PendingChunks:
+    """Rows to write; picklable (the chunk indexer builds them in a process of its own)."""
     chunks: list[tuple] = field(default_factory=list)
     terms: list[tuple] = field(default_factory=list)
     # (scope, domain) -> [N, total length, total tokens] of the searchable chunks added
-    stats: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
+    stats: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(_no_totals))
     term_df: dict[tuple[str, str, str], int] = field(default_factory=lambda: defaultdict(int))
 
     def __bool__(self) -> bool:
@@ -130,22 +135,69 @@ class BulkLoad:
     copy: bool
 
 
-class ChunkProjection:
+class ChunkRows:
+    """One org's chunk rows as they are built, before anything writes them: no connection, so a
+    background process can build them (projections/projector/deferred_indexing.py)."""
+
+    def __init__(self, org_id: str) -> None:
+        self.org_id = org_id
+        self.pending = PendingChunks()
+        self.added_by: dict[str, str] = {}  # chunk id -> the event that added it in this batch
+
+    def add_analysed(self, analysed: list[tuple[Chunk, DocumentTerms]], *, event_id: str, source_kind: str,
+                     session_id: str | None, scope_path: str, metadata: dict[str, Any], created_at: dt.datetime,
+                     pii_status: str = "clear", active: bool = True, added_by: str | None = None,
+                     seq: int | None = None) -> None:
+        """`add` of chunks already cut and analysed (`analyse`)."""
+        domain = _domain(metadata)
+        searchable = active and pii_status == "clear"
+        meta_json = orjson.dumps(metadata).decode()
+        for c, doc in analysed:
+            cid = str(c.id)
+            self.added_by[cid] = added_by or event_id
+            self.pending.chunks.append((cid, scope_path, event_id, source_kind, session_id, c.index,
+                                        domain, c.content, c.content_hash, c.token_count,
+                                        doc.length, meta_json, created_at, active, pii_status, seq))
+            for term, tf in doc.tf.items():
+                self.pending.terms.append((self.org_id, term, c.id, tf, doc.length, scope_path, domain,
+                                           searchable, posting_impact(tf, doc.length)))
+                if searchable:
+                    self.pending.term_df[(scope_path, domain, term)] += 1
+            if searchable:
+                stat = self.pending.stats[(scope_path, domain)]
+                stat[0] += 1
+                stat[1] += doc.length
+                stat[2] += c.token_count
+
+    def take_slices(self, size: int) -> tuple[list[PendingChunks], PendingChunks]:
+        """Split what is pending into slices of at most `size` chunks with their postings, and
+        the statistics deltas of them all: to write the slices one statement each, and the
+        statistics last, so that their row locks are held for the commit only."""
+        pending, self.pending = self.pending, PendingChunks()
+        slice_of = {row[0]: i // size for i, row in enumerate(pending.chunks)}
+        slices = [PendingChunks() for _ in range(-(-len(pending.chunks) // size))]
+        for row in pending.chunks:
+            slices[slice_of[row[0]]].chunks.append(row)
+        for term in pending.terms:
+            slices[slice_of[str(term[2])]].terms.append(term)
+        statistics = PendingChunks(stats=pending.stats, term_df=pending.term_df)
+        return slices, statistics
+
+
+class ChunkProjection(ChunkRows):
     """One org's chunk writes within a projector batch."""
 
     def __init__(self, conn: asyncpg.Connection, org_id: str, *, bulk: BulkLoad | None = None,
                  defer_long: bool = True) -> None:
+        super().__init__(org_id)
         self.conn = conn
-        self.org_id = org_id
         self.bulk = bulk
         # Live, a content longer than INLINE_INDEX_BYTES is indexed after the batch's commit
         # (projections/projector/deferred_indexing.py); a bulk load indexes everything in place.
         self.defer_long = defer_long and bulk is None
         self.deferred: dict[str, tuple[str, str]] = {}  # source -> (kind, the event that asked)
         self.requested: dict[str, list[str]] = {}  # event that asked -> the sources to index
-        self.pending = _PendingChunks()
-        self.added_by: dict[str, str] = {}  # chunk id -> the event that added it in this batch
-        self.awaiting_vector: dict[str, str] = {}  # of those, searchable without a vector -> content hash
+        self.awaiting_vector: dict[str, str] = {}  # of `added_by`, searchable without a vector -> content hash
         self._to_copy: list[tuple] | None = None  # postings a bulk load COPYs after the batch
         self.recorded: set[str] = set()  # content hashes whose vectors this batch recorded
 
@@ -174,31 +226,6 @@ class ChunkProjection:
                                     c.content, c.content_hash, c.token_count, 0, orjson.dumps(metadata).decode(),
                                     created_at, True, "clear", None))
 
-    def add_analysed(self, analysed: list[tuple[Chunk, DocumentTerms]], *, event_id: str, source_kind: str,
-                     session_id: str | None, scope_path: str, metadata: dict[str, Any], created_at: dt.datetime,
-                     pii_status: str = "clear", active: bool = True, added_by: str | None = None,
-                     seq: int | None = None) -> None:
-        """`add` of chunks already cut and analysed (`analyse`)."""
-        domain = _domain(metadata)
-        searchable = active and pii_status == "clear"
-        meta_json = orjson.dumps(metadata).decode()
-        for c, doc in analysed:
-            cid = str(c.id)
-            self.added_by[cid] = added_by or event_id
-            self.pending.chunks.append((cid, scope_path, event_id, source_kind, session_id, c.index,
-                                        domain, c.content, c.content_hash, c.token_count,
-                                        doc.length, meta_json, created_at, active, pii_status, seq))
-            for term, tf in doc.tf.items():
-                self.pending.terms.append((self.org_id, term, c.id, tf, doc.length, scope_path, domain,
-                                           searchable, posting_impact(tf, doc.length)))
-                if searchable:
-                    self.pending.term_df[(scope_path, domain, term)] += 1
-            if searchable:
-                stat = self.pending.stats[(scope_path, domain)]
-                stat[0] += 1
-                stat[1] += doc.length
-                stat[2] += c.token_count
-
     async def flush(self) -> None:
         """Write pending chunks, each with the latest vector already recorded for its content."""
         batch = StatementBatch()
@@ -217,7 +244,7 @@ class ChunkProjection:
                 self.requested.setdefault(by, []).append(source)
             batch.add(_REQUEST_INDEXING, self.org_id, list(deferred), [k for k, _ in deferred.values()],
                       [uuid.UUID(by) for _, by in deferred.values()])
-        pending, self.pending = self.pending, _PendingChunks()
+        pending, self.pending = self.pending, PendingChunks()
         if not pending:
             self._stage_statistics(batch, pending)
             return None
@@ -231,7 +258,7 @@ class ChunkProjection:
         self._stage_statistics(batch, pending)
         return f"SELECT chunk_id, content_hash, awaiting_vector FROM {inserted}"
 
-    def _stage_statistics(self, batch: StatementBatch, pending: _PendingChunks) -> None:
+    def _stage_statistics(self, batch: StatementBatch, pending: PendingChunks) -> None:
         """The statistics deltas, in key order: every writer of these rows takes their locks in
         one order (the projector and the chunk indexer write them concurrently)."""
         if self.bulk:
@@ -240,20 +267,6 @@ class ChunkProjection:
             batch.add(_ADD_CORPUS_STATS, self.org_id, *(list(c) for c in zip(*rows)))
         if rows := sorted((s, d, t, n) for (s, d, t), n in pending.term_df.items()):
             batch.add(_ADD_TERM_STATS, self.org_id, *(list(c) for c in zip(*rows)))
-
-    def take_slices(self, size: int) -> tuple[list[_PendingChunks], _PendingChunks]:
-        """Split what is pending into slices of at most `size` chunks with their postings, and
-        the statistics deltas of them all: to write the slices one statement each, and the
-        statistics last, so that their row locks are held for the commit only."""
-        pending, self.pending = self.pending, _PendingChunks()
-        slice_of = {row[0]: i // size for i, row in enumerate(pending.chunks)}
-        slices = [_PendingChunks() for _ in range(-(-len(pending.chunks) // size))]
-        for row in pending.chunks:
-            slices[slice_of[row[0]]].chunks.append(row)
-        for term in pending.terms:
-            slices[slice_of[str(term[2])]].terms.append(term)
-        statistics = _PendingChunks(stats=pending.stats, term_df=pending.term_df)
-        return slices, statistics
 
     async def written(self, inserted: Sequence[asyncpg.Record]) -> None:
         self.awaiting_vector.update((str(r["chunk_id"]), r["content_hash"]) for r in inserted if r["awaiting_vector"])

@@ -6,8 +6,9 @@ acknowledgement of every event batched with it or behind it, whoever wrote them.
 writes the source (session_events / memory_versions) and an `indexing_requests` row, and asks for
 an indexing job; the worker's chunk indexer then, per source:
 
-1. reads the content and cuts its chunks, on a background thread below the projector's
-   priority, without holding any lock;
+1. reads the content and cuts its chunks, in a background process below the projector's
+   priority (a thread would hold the worker's GIL for most of a second a megabyte), without
+   holding any lock;
 2. builds every row there too, with the source's state as read;
 3. in one transaction: takes the source row (FOR SHARE, so a rollback or a new PII scan of that
    source waits for this commit, or has committed before and is seen) and then the request row
@@ -31,15 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import Executor
+from typing import Any
 
 import asyncpg
 import orjson
 
-from projections.projector.chunks import ChunkProjection, analysed_chunks
+from context_engine.concurrency import BackgroundProcess
+from projections.projector.chunks import ChunkProjection, ChunkRows, PendingChunks, analysed_chunks
 
 # Per source kind: its table, key, creation time and PII state.
 _SOURCES = {  # table, key, created_at, pii_status, the chunks' seq (a turn's position; none for a memory)
@@ -80,16 +81,16 @@ class StaleRequest(Exception):
 
 
 async def index_requested(conn: asyncpg.Connection, org_id: str, source_event_id: str, *,
-                          executor: Executor | None = None) -> dict[str, list[str]]:
+                          builder: BackgroundProcess | None = None) -> dict[str, list[str]]:
     """Index one requested source of `org_id` if it is still requested. Returns the chunks still
     without a vector, by the event that asked (for EmbeddingJobs); {} when there was nothing to do.
 
-    Every row is built on `executor` (a background thread below the projector's priority) before
-    the writing transaction begins, with the source's state as read then; the transaction locks
+    Every row is built by `builder` (a process below the projector's priority; without one, a
+    thread) before the writing transaction begins, with the source's state as read then; the transaction locks
     the source, then the request (the order in which the projector's rollbacks and rescans take
     them), checks that nothing changed, and sends the slices and, last, the statistics (their
     row locks, which the projector takes too, are held for the commit only)."""
-    source, loop = uuid.UUID(source_event_id), asyncio.get_running_loop()
+    source = uuid.UUID(source_event_id)
     for _ in range(3):  # the source changed under us: build again from what it is now
         async with conn.transaction():
             await _set_org(conn, org_id)
@@ -100,7 +101,9 @@ async def index_requested(conn: asyncpg.Connection, org_id: str, source_event_id
         if read is None:
             return {}
         chunks = ChunkProjection(conn, org_id, defer_long=False)
-        slices, statistics = await loop.run_in_executor(executor, functools.partial(_rows, chunks, read, kind))
+        slices, statistics, chunks.added_by = await (
+            builder.run(build_rows, org_id, dict(read), kind) if builder
+            else asyncio.to_thread(build_rows, org_id, dict(read), kind))
         try:
             async with conn.transaction():
                 await _set_org(conn, org_id)
@@ -122,16 +125,22 @@ async def index_requested(conn: asyncpg.Connection, org_id: str, source_event_id
     return {}
 
 
-def _rows(chunks: ChunkProjection, read: asyncpg.Record, kind: str):
-    """Cut, analyse and build the source's rows (a background thread's work)."""
+Rows = tuple[list[PendingChunks], PendingChunks, dict[str, str]]
+
+
+def build_rows(org_id: str, read: dict[str, Any], kind: str) -> Rows:
+    """Cut, analyse and build the source's rows: the slices, the statistics and, per chunk, the
+    event that added it (the indexer's background process's work, so its arguments and result
+    are picklable)."""
     source = str(read["source_event_id"])
     metadata = orjson.loads(read["metadata"])
+    chunks = ChunkRows(org_id)
     chunks.add_analysed(analysed_chunks(source, bytes(read["content"]), metadata),
                         event_id=source,
                         source_kind=kind, session_id=read["session_id"], scope_path=read["scope_path"],
                         metadata=metadata, created_at=read["created_at"], pii_status=read["pii_status"],
                         active=read["active"], added_by=str(read["added_by"]), seq=read["seq"])
-    return chunks.take_slices(SLICE_CHUNKS)
+    return (*chunks.take_slices(SLICE_CHUNKS), chunks.added_by)
 
 
 async def record_failure(conn: asyncpg.Connection, org_id: str, source_event_id: str, error: BaseException) -> int:

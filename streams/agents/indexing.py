@@ -1,5 +1,5 @@
-"""`chunk-indexer`: the chunks of contents over 8 KiB, after the projector's commit, on the
-indexer's background thread (projections/projector/deferred_indexing.py), then their embedding jobs."""
+"""`chunk-indexer`: the chunks of contents over 8 KiB, after the projector's commit, built in the
+indexer's background process (projections/projector/deferred_indexing.py), then their embedding jobs."""
 
 from __future__ import annotations
 
@@ -58,5 +58,5 @@ async def _index_one(resources: WorkerResources, db: asyncpg.Pool, org_id: str,
         with attempt:  # a deadlock with the projector, which PostgreSQL broke: again
             async with db.acquire() as conn:
                 return await deferred_indexing.index_requested(conn, org_id, source,
-                                                               executor=resources.indexing_thread)
+                                                               builder=resources.indexing_process)
     raise AssertionError("unreachable: the retry loop returns or raises")

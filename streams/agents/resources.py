@@ -10,7 +10,7 @@ import asyncpg
 import faust
 from faust.types import EventT, TopicT
 
-from context_engine.concurrency import background_thread
+from context_engine.concurrency import BackgroundProcess, background_thread
 from context_engine.config import Settings
 from context_engine.events import Event
 from inference.embedder import Embedder
@@ -35,7 +35,7 @@ JOB_KINDS = ("embedding", "reindex", "pii", "indexing", "compaction", "metrics:b
 class WorkerResources:
     """The settings; the log's topics; signing what the worker writes and checking what it reads;
     one database pool; the embedder, loaded at start on its background thread, and the indexer's
-    thread; and the embedding pipeline, the PII scanner, the compaction worker and the vector
+    process; and the embedding pipeline, the PII scanner, the compaction worker and the vector
     assigner, each made when an
     agent first asks for it and then shared."""
 
@@ -66,10 +66,11 @@ class WorkerResources:
                                                   idle=settings.embedding_idle_priority)
         self.embedder = self.embedding_thread.submit(load_embedder, settings,
                                                      executor=self.embedding_thread).result()
-        # Long contents are cut into chunks below the projectors' priority too
-        # (projections/projector/deferred_indexing.py).
-        self.indexing_thread = background_thread("indexer", settings.embedding_niceness,
-                                                 idle=settings.embedding_idle_priority)
+        # Long contents are cut into chunks below the projectors' priority too, in a process of
+        # their own: pure Python that would hold this process's GIL for most of a second a
+        # megabyte (projections/projector/deferred_indexing.py).
+        self.indexing_process = BackgroundProcess(settings.embedding_niceness,
+                                                  idle=settings.embedding_idle_priority)
 
     def authentic(self, events: Sequence[EventT]) -> list[EventT]:
         """The events a trusted writer signed; the others are dropped here, before anything reads
