@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -491,14 +492,27 @@ def banner_commands(home: Path) -> list[str]:
             "read with the --org/--pillar/--team you wrote with"]
 
 
+def stop_on_signal(stopping: threading.Event, say: Callable[[str], None]) -> Callable[[int, object], None]:
+    """A handler of SIGINT and SIGTERM that sets `stopping`, from a thread: a handler runs in the
+    main thread between two bytecodes, maybe inside stopping.wait() holding the lock that
+    stopping.set() takes (or inside a print, whose lock `say` takes), and would wait for itself."""
+    said = threading.Lock()
+
+    def stop(signum: int) -> None:
+        if said.acquire(blocking=False):  # a second signal (make's and the shell's) changes nothing
+            say(f"{signal.Signals(signum).name} received")
+        stopping.set()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        threading.Thread(target=stop, args=(signum,), name="stop-signal", daemon=True).start()
+
+    return on_signal
+
+
 def run_stack(settings: Settings) -> int:
     stack = Stack(settings)
 
-    def on_signal(signum, _frame):
-        if not stack.stopping.is_set():  # a second signal (make's and the shell's) changes nothing
-            stack.say(f"{signal.Signals(signum).name} received")
-        stack.stopping.set()
-
+    on_signal = stop_on_signal(stack.stopping, stack.say)
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
     try:
