@@ -183,8 +183,17 @@ async def projection_lags(database_url: str, org: str, starts: dict[str, dt.date
     return lags
 
 
+def _background_role(pid: int) -> str:
+    """A worker's background process by the name it gave itself (context_engine.concurrency)."""
+    try:
+        return open(f"/proc/{pid}/comm").read().strip().removeprefix("ce-")
+    except OSError:
+        return "background"
+
+
 def process_roles(stack: Stack) -> dict[str, list[int]]:
-    """The stack's processes by what they run: api, worker, its indexer, postgres, broker, other."""
+    """The stack's processes by what they run: api, worker, its indexer and embedder, postgres,
+    broker, other."""
     roles: dict[str, list[int]] = collections.defaultdict(list)
     for pid in stack_pids(stack):
         try:
@@ -194,7 +203,7 @@ def process_roles(stack: Stack) -> dict[str, list[int]]:
         role = ("api" if " serve api" in cmd else "worker" if cmd.rstrip().endswith(" worker") else
                 "detector" if " serve detector" in cmd else "broker" if "tansu" in cmd else
                 "postgres" if "postgres" in cmd else
-                "indexer" if "multiprocessing" in cmd else "up")  # the worker's background process
+                _background_role(pid) if "multiprocessing" in cmd else "up")
         roles[role].append(pid)
     return dict(roles)
 

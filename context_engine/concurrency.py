@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import functools
 import multiprocessing
 import multiprocessing.connection
@@ -58,11 +59,19 @@ def _lower_priority(niceness: int, idle: bool) -> None:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
 
 
-def _start_background_process(niceness: int, idle: bool) -> None:
+def _name_process(name: str) -> None:
+    """The name ps and top show for the calling thread and the threads it starts (Linux's
+    /proc/<pid>/comm, 15 bytes); elsewhere nothing."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
+
+
+def _start_background_process(niceness: int, idle: bool, name: str) -> None:
     """In a `BackgroundProcess`: below the parent's priority, and gone when the parent is. Its work
     queue's pipe would not tell it: the queue's pickle gives the child both ends, so a parent killed
     by SIGKILL left it waiting on the pipe forever; the parent's sentinel becomes readable when the
     parent dies."""
+    _name_process(name)
     _lower_priority(niceness, idle)
     parent = multiprocessing.parent_process()
     if parent is not None:
@@ -85,8 +94,9 @@ class BackgroundProcess:
     took with it fails with `BrokenProcessPool`. The process exits with its parent, even one killed
     (`_start_background_process`)."""
 
-    def __init__(self, niceness: int, *, idle: bool = False) -> None:
-        self._niceness, self._idle = niceness, idle
+    def __init__(self, niceness: int, *, idle: bool = False, name: str = "background") -> None:
+        """`name`: what ps and top call the process."""
+        self._niceness, self._idle, self._name = niceness, idle, name
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -95,7 +105,7 @@ class BackgroundProcess:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
                     max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_start_background_process, initargs=(self._niceness, self._idle))
+                    initializer=_start_background_process, initargs=(self._niceness, self._idle, self._name))
             return self._pool
 
     async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
@@ -104,11 +114,24 @@ class BackgroundProcess:
         try:
             return await asyncio.wrap_future(pool.submit(fn, *args))
         except BrokenProcessPool:
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
-            pool.shutdown(wait=False)
+            self._forget(pool)
             raise
+
+    def call(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """`run`, waited for in the calling thread (a start-up's loading, before any event loop)."""
+        pool = self._executor()
+        try:
+            return pool.submit(fn, *args).result()
+        except BrokenProcessPool:
+            self._forget(pool)
+            raise
+
+    def _forget(self, pool: ProcessPoolExecutor) -> None:
+        """A broken pool: the next call starts another process."""
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+        pool.shutdown(wait=False)
 
     def shutdown(self) -> None:
         with self._lock:

@@ -6,17 +6,18 @@ acknowledgement of every event batched with it or behind it, whoever wrote them.
 writes the source (session_events / memory_versions) and an `indexing_requests` row, and asks for
 an indexing job; the worker's chunk indexer then, per source:
 
-1. reads the content and cuts its chunks, in a background process below the projector's
-   priority (a thread would hold the worker's GIL for most of a second a megabyte), without
-   holding any lock;
-2. builds every row there too, with the source's state as read;
+1. reads the content and cuts its chunks, without holding any lock;
+2. builds every row, with the source's state as read;
 3. in one transaction: takes the source row (FOR SHARE, so a rollback or a new PII scan of that
    source waits for this commit, or has committed before and is seen) and then the request row
    (FOR UPDATE), checks that neither changed since step 1 (else builds again), writes the chunks
-   256 to a statement (so that the event loop the projector shares is never held long) and the
-   statistics deltas last (their row locks are held for the commit only), and deletes the
-   request;
+   256 to a statement and the statistics deltas last (their row locks are held for the commit
+   only), and deletes the request;
 4. after the commit, asks for the embeddings of the new chunks.
+
+The worker runs steps 1-3 in a background process below the projector's priority, on its own
+connection (projections/projector/indexer_process.py): in the worker, cutting a megabyte's
+chunks would hold the GIL, which the projector's event loop needs, for most of a second.
 
 A try that fails is counted on the request (`attempts`, `last_error`); after 5 the request stays,
 tried no more, and the content is not retrievable (a deadlock with the projector, which
@@ -39,7 +40,6 @@ from typing import Any
 import asyncpg
 import orjson
 
-from context_engine.concurrency import BackgroundProcess
 from projections.projector.chunks import ChunkProjection, ChunkRows, PendingChunks, analysed_chunks
 
 # Per source kind: its table, key, creation time and PII state.
@@ -70,8 +70,8 @@ async def _set_org(conn: asyncpg.Connection, org_id: str) -> None:
     await conn.execute("SELECT set_config('app.org_id', $1, true)", org_id)
 
 
-# Chunks written per statement: a megabyte is ~3,000 chunks and ~20,000 postings, and encoding
-# them all at once held the worker's event loop (which the projector shares) for ~0.2 s.
+# Chunks written per statement: a megabyte is ~3,000 chunks and ~20,000 postings; one statement
+# of them all took ~0.2 s to encode, holding its event loop.
 SLICE_CHUNKS = 256
 MAX_ATTEMPTS = 5
 
@@ -80,16 +80,15 @@ class StaleRequest(Exception):
     """The source changed between reading it and locking it: build its rows again."""
 
 
-async def index_requested(conn: asyncpg.Connection, org_id: str, source_event_id: str, *,
-                          builder: BackgroundProcess | None = None) -> dict[str, list[str]]:
+async def index_requested(conn: asyncpg.Connection, org_id: str, source_event_id: str) -> dict[str, list[str]]:
     """Index one requested source of `org_id` if it is still requested. Returns the chunks still
     without a vector, by the event that asked (for EmbeddingJobs); {} when there was nothing to do.
 
-    Every row is built by `builder` (a process below the projector's priority; without one, a
-    thread) before the writing transaction begins, with the source's state as read then; the transaction locks
-    the source, then the request (the order in which the projector's rollbacks and rescans take
-    them), checks that nothing changed, and sends the slices and, last, the statistics (their
-    row locks, which the projector takes too, are held for the commit only)."""
+    Every row is built (on a thread) before the writing transaction begins, with the source's
+    state as read then; the transaction locks the source, then the request (the order in which
+    the projector's rollbacks and rescans take them), checks that nothing changed, and sends the
+    slices and, last, the statistics (their row locks, which the projector takes too, are held
+    for the commit only)."""
     source = uuid.UUID(source_event_id)
     for _ in range(3):  # the source changed under us: build again from what it is now
         async with conn.transaction():
@@ -101,9 +100,7 @@ async def index_requested(conn: asyncpg.Connection, org_id: str, source_event_id
         if read is None:
             return {}
         chunks = ChunkProjection(conn, org_id, defer_long=False)
-        slices, statistics, chunks.added_by = await (
-            builder.run(build_rows, org_id, dict(read), kind) if builder
-            else asyncio.to_thread(build_rows, org_id, dict(read), kind))
+        slices, statistics, chunks.added_by = await asyncio.to_thread(build_rows, org_id, dict(read), kind)
         try:
             async with conn.transaction():
                 await _set_org(conn, org_id)
@@ -130,8 +127,7 @@ Rows = tuple[list[PendingChunks], PendingChunks, dict[str, str]]
 
 def build_rows(org_id: str, read: dict[str, Any], kind: str) -> Rows:
     """Cut, analyse and build the source's rows: the slices, the statistics and, per chunk, the
-    event that added it (the indexer's background process's work, so its arguments and result
-    are picklable)."""
+    event that added it."""
     source = str(read["source_event_id"])
     metadata = orjson.loads(read["metadata"])
     chunks = ChunkRows(org_id)
@@ -143,15 +139,15 @@ def build_rows(org_id: str, read: dict[str, Any], kind: str) -> Rows:
     return (*chunks.take_slices(SLICE_CHUNKS), chunks.added_by)
 
 
-async def record_failure(conn: asyncpg.Connection, org_id: str, source_event_id: str, error: BaseException) -> int:
-    """Count a failed try of a request (its error kept); returns the tries so far. At
-    MAX_ATTEMPTS the request stays, with its last error, and is tried no more."""
+async def record_failure(conn: asyncpg.Connection, org_id: str, source_event_id: str, error: str) -> int:
+    """Count a failed try of a request (`error` describes it, and is kept); returns the tries so
+    far. At MAX_ATTEMPTS the request stays, with its last error, and is tried no more."""
     async with conn.transaction():
         await _set_org(conn, org_id)
         return await conn.fetchval(
             "UPDATE indexing_requests SET attempts = attempts + 1, last_error = left($3, 500) "
             "WHERE org_id = $1 AND source_event_id = $2 RETURNING attempts",
-            org_id, uuid.UUID(source_event_id), f"{type(error).__name__}: {error}".replace("\x00", "\\0")) or 0
+            org_id, uuid.UUID(source_event_id), error.replace("\x00", "\\0")) or 0
 
 
 async def requested_sources(conn: asyncpg.Connection) -> set[str]:

@@ -1,18 +1,19 @@
-"""`chunk-indexer`: the chunks of contents over 8 KiB, after the projector's commit, built in the
-indexer's background process (projections/projector/deferred_indexing.py), then their embedding jobs."""
+"""`chunk-indexer`: the chunks of contents over 8 KiB, after the projector's commit, built and
+written by the indexer's background process (projections/projector/deferred_indexing.py,
+indexer_process.py), then their embedding jobs."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
-import asyncpg
 import faust
 import structlog
 from faust.types import StreamT
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from context_engine.scope import Scope
-from projections.projector import deferred_indexing
+from projections.projector import deferred_indexing, indexer_process
+from projections.projector.indexer_process import IndexingFailed, describe
 from projections.projector.rejections import is_infrastructure_failure
 from streams.agents import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, windowed
 from streams.agents.resources import WorkerResources
@@ -34,29 +35,24 @@ def register_chunk_indexer(app: faust.App, resources: WorkerResources) -> None:
 
 async def index_sources(resources: WorkerResources, sources_by_org: dict[str, list[str]]) -> None:
     """Index long contents (projections/projector/deferred_indexing.py) and ask for their embeddings. A
-    source that fails stays requested: the sweep tries it again."""
-    db = await resources.pool()
+    source that fails stays requested: the sweep tries it again. A failure of the content's
+    making (not PostgreSQL's or the broker's) is counted on its request; a process that died
+    indexing it (killed, out of memory) counts too."""
+    settings = resources.settings
     for org_id, sources in sources_by_org.items():
         for source in sources:
             try:
-                unembedded = await _index_one(resources, db, org_id, source)
+                unembedded = await resources.indexing_process.run(functools.partial(
+                    indexer_process.index_source, resources.settings.database_url, org_id, source,
+                    build_niceness=settings.embedding_niceness, build_idle=settings.embedding_idle_priority))
             except Exception as exc:
                 log.exception("indexing failed; left for the sweep", org_id=org_id, source_event_id=source)
-                if not is_infrastructure_failure(exc):
+                failed = exc if isinstance(exc, IndexingFailed) else IndexingFailed(
+                    describe(exc), is_infrastructure_failure(exc))
+                if not failed.infrastructure:
                     with contextlib.suppress(Exception):
-                        async with db.acquire() as conn:
-                            await deferred_indexing.record_failure(conn, org_id, source, exc)
+                        async with (await resources.pool()).acquire() as conn:
+                            await deferred_indexing.record_failure(conn, org_id, source, failed.description)
                 continue
             for event_id, chunk_ids in unembedded.items():
                 await resources.send_job("embedding", embedding_job(Scope(org_id), event_id, chunk_ids))
-
-
-async def _index_one(resources: WorkerResources, db: asyncpg.Pool, org_id: str,
-                     source: str) -> dict[str, list[str]]:
-    async for attempt in AsyncRetrying(retry=retry_if_exception_type(asyncpg.TransactionRollbackError),
-                                       stop=stop_after_attempt(3), reraise=True):
-        with attempt:  # a deadlock with the projector, which PostgreSQL broke: again
-            async with db.acquire() as conn:
-                return await deferred_indexing.index_requested(conn, org_id, source,
-                                                               builder=resources.indexing_process)
-    raise AssertionError("unreachable: the retry loop returns or raises")

@@ -66,11 +66,12 @@ class WorkerResources:
                                                   idle=settings.embedding_idle_priority)
         self.embedder = self.embedding_thread.submit(load_embedder, settings,
                                                      executor=self.embedding_thread).result()
-        # Long contents are cut into chunks below the projectors' priority too, in a process of
-        # their own: pure Python that would hold this process's GIL for most of a second a
-        # megabyte (projections/projector/deferred_indexing.py).
-        self.indexing_process = BackgroundProcess(settings.embedding_niceness,
-                                                  idle=settings.embedding_idle_priority)
+        # Long contents are cut into chunks (below the projectors' priority too) and written in a
+        # process of their own with a connection of its own: in this one, that pure Python would
+        # hold the GIL the projector's event loop needs. The process itself runs at this one's
+        # priority, as its writes hold locks the projector waits for; only its cutting thread is
+        # lowered (projections/projector/indexer_process.py).
+        self.indexing_process = BackgroundProcess(0, name="ce-indexer")
 
     def authentic(self, events: Sequence[EventT]) -> list[EventT]:
         """The events a trusted writer signed; the others are dropped here, before anything reads

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
+import functools
 import random
 import uuid
 from collections.abc import AsyncIterator
@@ -846,9 +847,40 @@ async def test_an_indexing_request_that_keeps_failing_is_given_up_with_its_error
     long = ingest(org, "s", "lamp " * 5_000)
     await apply_batch(conn, log.append(long))
     for n in range(1, deferred_indexing.MAX_ATTEMPTS + 1):
-        assert await deferred_indexing.record_failure(conn, org, long.event_id, RuntimeError(f"try {n}")) == n
+        assert await deferred_indexing.record_failure(conn, org, long.event_id, f"RuntimeError: try {n}") == n
     assert org not in await deferred_indexing.backlog(conn, older_than=dt.timedelta(0))
     assert await deferred_indexing.index_requested(conn, org, long.event_id) == {}
     row = await in_org(conn, org, lambda c, o: c.fetchrow(
         "SELECT attempts, last_error FROM indexing_requests WHERE org_id = $1", o))
     assert (row["attempts"], row["last_error"]) == (deferred_indexing.MAX_ATTEMPTS, "RuntimeError: try 5")
+
+
+async def test_the_indexer_process_indexes_on_its_own_connection_and_reports_what_failed(
+        conn: asyncpg.Connection, db_url: str) -> None:
+    """The worker hands its background process a source's id and gets the new chunks' ids back;
+    PostgreSQL out of reach comes back as an infrastructure failure, the request untouched."""
+    from context_engine.concurrency import BackgroundProcess
+    from projections.projector import deferred_indexing, indexer_process
+
+    org, log = new_org(), Log()
+    long = ingest(org, "s", "lamp post " * 2_000)
+    await apply_batch(conn, log.append(long))
+    process = BackgroundProcess(0)
+    try:
+        unembedded = await process.run(functools.partial(
+            indexer_process.index_source, db_url, org, long.event_id, build_niceness=5, build_idle=True))
+        chunk_ids = await in_org(conn, org, lambda c, o: c.fetch(
+            "SELECT chunk_id FROM chunks WHERE org_id = $1 AND source_event_id = $2", o, uuid.UUID(long.event_id)))
+        assert chunk_ids and sorted(unembedded[long.event_id]) == sorted(str(r["chunk_id"]) for r in chunk_ids)
+        assert await process.run(indexer_process.index_source, db_url, org, long.event_id) == {}  # done once
+
+        other = ingest(org, "s", "harbour lamp " * 2_000)
+        await apply_batch(conn, log.append(other))
+        unreachable = db_url.replace(db_url.split("@")[1].split("/")[0], "127.0.0.1:1")
+        with pytest.raises(indexer_process.IndexingFailed) as failed:
+            await process.run(indexer_process.index_source, unreachable, org, other.event_id)
+        assert failed.value.infrastructure and "Error" in failed.value.description
+        assert await deferred_indexing.pending_count(conn, [org]) == 1
+        assert await process.run(indexer_process.index_source, db_url, org, other.event_id)  # connects again
+    finally:
+        process.shutdown()

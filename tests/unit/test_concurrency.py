@@ -106,6 +106,17 @@ async def test_a_background_process_runs_apart_below_its_caller():
     assert nice == min(19, _nice(threading.get_native_id()) + 5)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/comm"), reason="Linux's process names")
+async def test_a_background_process_goes_by_its_name():
+    builder = BackgroundProcess(0, name="ce-test-builder-long")
+    try:
+        pid = await builder.run(os.getpid)
+        with open(f"/proc/{pid}/comm") as comm:
+            assert comm.read().strip() == "ce-test-builder"  # Linux keeps 15 bytes
+    finally:
+        builder.shutdown()
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling classes")
 async def test_an_idle_background_process_is_in_sched_idle():
     builder = BackgroundProcess(0, idle=True)
