@@ -10,9 +10,11 @@ Once SERVING, `up` restarts a child that exits (kill -9, a crash) with a bounded
 (`Stack.supervise`); while the worker is down the API's health says NOT_SERVING
 (streams/readiness.py). The embedded broker and the embedded PostgreSQL are started again on
 their ports when they die (PostgreSQL recovers from its write-ahead log; the worker and the API
-reconnect). `up` returns when it gets SIGINT/SIGTERM (exit 0) or when a child, the embedded broker
-or the embedded PostgreSQL dies more often than its restart budget allows (exit 1); either way it stops
-every child (SIGTERM, then SIGKILL after a grace period), then the broker, then PostgreSQL.
+reconnect). What is being brought back, and what was lately, is in run/recovery.json, which
+`status` shows (entrypoints/recovery.py). `up` returns when it gets SIGINT/SIGTERM (exit 0) or
+when a child, the embedded broker or the embedded PostgreSQL dies more often than its restart
+budget allows (exit 1); either way it stops every child (SIGTERM, then SIGKILL after a grace
+period), then the broker, then PostgreSQL.
 Children also get PR_SET_PDEATHSIG so they cannot outlive a killed `up`. One `up` per data
 directory: the first thing `up` does is lock `run/up.lock` (claim_home); a second one is refused
 there, before it touches anything of the running stack's.
@@ -45,6 +47,7 @@ from context_engine.config import ENV_PREFIX, Settings
 from context_engine.guardrails.signing import ensure_signing_key, operator_key_path
 from entrypoints.capabilities import degraded_capabilities
 from entrypoints.embedded.process import child_preexec
+from entrypoints.recovery import RecoveryRecord
 from inference.detector.token import service_token as detector_service_token
 from projections.store.migrations import migrate
 
@@ -138,6 +141,7 @@ class Stack:
         self.postgres_retry_at = 0.0  # after a failed restart, when to try again
         self.env: dict[str, str] = {}
         self.claim: int | None = None  # the data directory's lock (claim_home), once this `up` holds it
+        self.recovery = RecoveryRecord(self.home)  # what `status` says is recovering
 
     def say(self, message: str) -> None:
         print(f"[up] {message}", flush=True)
@@ -146,6 +150,7 @@ class Stack:
     def start(self) -> dict[str, str]:
         # First: another `up` on this data directory is named, and none of its files is touched.
         self.claim = claim_home(self.home)
+        self.recovery.start_afresh()
         check_ports(self.settings)  # before anything starts: a taken port is named, not "api exited with 1"
         self.logs.mkdir(parents=True, exist_ok=True)
         keys = self.home / "keys"  # earlier releases made it 0755; closed to the engine's user here
@@ -251,6 +256,8 @@ class Stack:
             for child in self.children:
                 if not self.supervise(child):
                     return 1
+            if self.recovery.recovering("worker") and readiness.is_ready(self.home):
+                self.recovery.recovered("worker")
         return 0
 
     def supervise(self, child: Child) -> bool:
@@ -274,6 +281,7 @@ class Stack:
                 return False
             delay = restart_delay(len(child.restarts))
             child.restart_at = now + delay
+            self.recovery.died(child.name, len(child.restarts) + 1)
             self.say(f"{child.name} exited with {code}; restarting it"
                      + (f" in {delay:.0f}s" if delay else "") + f" (see {child.log_path})")
         if now < child.restart_at:
@@ -286,6 +294,8 @@ class Stack:
             self.say(f"{child.name} could not be restarted ({exc}); stopping the stack")
             return False
         self.say(f"{child.name} restarted (pid {pid})")
+        if child.name != "worker":  # the worker is back when it projects again (monitor)
+            self.recovery.recovered(child.name)
         return True
 
     def _restart_broker(self) -> bool:
@@ -299,11 +309,15 @@ class Stack:
             self.say(f"broker died {len(self.broker_restarts)} times in a minute; stopping the stack")
             return False
         self.say("broker exited; restarting it (the API restores the log from the archive)")
+        self.recovery.died("broker", len(self.broker_restarts))
         assert self.broker is not None, "only the embedded broker is restarted"
         try:
             self.broker.restart()
         except Exception as exc:  # it may crash again at once: the next pass retries
             self.say(f"broker restart failed: {str(exc).splitlines()[0]}")
+            self.recovery.waiting("broker", "a restart failed; trying again")
+            return True
+        self.recovery.recovered("broker")
         return True
 
     def _restart_postgres(self) -> bool:
@@ -319,6 +333,7 @@ class Stack:
             return False
         assert self.postgres is not None, "only the embedded PostgreSQL is restarted"
         self.say("PostgreSQL exited; restarting it (crash recovery from its write-ahead log)")
+        self.recovery.died("postgres", len(self.postgres_restarts))
         started = time.monotonic()
         try:
             self.postgres.kill()
@@ -327,8 +342,10 @@ class Stack:
             delay = restart_delay(len(self.postgres_restarts))
             self.postgres_retry_at = time.monotonic() + delay
             self.say(f"PostgreSQL restart failed: {str(exc).splitlines()[0]}; trying again in {delay:.0f}s")
+            self.recovery.waiting("postgres", f"a restart failed; trying again in {delay:.0f}s")
             return True
         self.say(f"PostgreSQL restarted (pid {self.postgres.pid}) after {time.monotonic() - started:.1f}s")
+        self.recovery.recovered("postgres")
         return True
 
     # -- stop ------------------------------------------------------------------------------

@@ -17,10 +17,12 @@ def status(
     data_dir: DataDir = None,
 ) -> None:
     """The running stack of the data directory: its processes' health, versions, degraded
-    capabilities with the command that fixes each, and its backlog of embeddings, indexing, PII
-    scans and compactions. Exit 1 if no stack runs there."""
+    capabilities with the command that fixes each, what `up` is restarting or restarted in the last
+    hour, and its backlog of embeddings, indexing, PII scans and compactions. Exit 1 if no stack
+    runs there."""
     from entrypoints.capabilities import degraded_capabilities
     from entrypoints.cli.settings import admin_pool, command_settings, stack_settings
+    from entrypoints.recovery import describe, recent_recoveries
     from entrypoints.supervisor import command_line, is_serving, read_stack_file
     from inference.detector.settings import GLINER_NAME, PROMPT_GUARD_NAME
     from projections.reads.stack_backlog import backlog
@@ -50,6 +52,7 @@ def status(
 
     owed_now = asyncio.run(owed())
     degraded = degraded_capabilities(settings, command_line())
+    recovery = recent_recoveries(settings.home_dir)
     report = {
         "data_directory": str(settings.home_dir),
         "version": importlib.metadata.version("context-engine"),
@@ -57,6 +60,7 @@ def status(
         "detector": {"address": detector, "serving": serving["detector"], "models_serving": models},
         "worker": {"projecting": serving["worker"]},
         "degraded": degraded,
+        "recovery": recovery,
         "backlog": owed_now,
     }
     if json:
@@ -69,5 +73,7 @@ def status(
                + ", ".join(f"{n} {'SERVING' if ok else 'NOT SERVING'}" for n, ok in models.items()))
     for line in degraded:
         typer.echo(f"degraded: {line}")
+    for entry in recovery:
+        typer.echo(f"recovery: {describe(entry)}")
     typer.echo("backlog    " + (owed_now if isinstance(owed_now, str)
                                 else ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in owed_now.items())))

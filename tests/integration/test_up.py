@@ -317,6 +317,7 @@ def test_up_serves_stops_cleanly_and_keeps_its_data(service_tmp_path):
         assert report["api"] == {"address": f"127.0.0.1:{up.api_port}", "serving": True}
         assert report["detector"]["serving"] and not any(report["detector"]["models_serving"].values())
         assert report["worker"] == {"projecting": True}
+        assert report["recovery"] == []  # nothing died
         assert [line.split(":")[0] for line in report["degraded"]] == [d.split("degraded: ")[1].split(":")[0]
                                                                        for d in degraded]
         assert set(report["backlog"]) >= {"chunks_without_vector", "pii_scans_pending", "compaction_requests_open"}
@@ -554,6 +555,16 @@ def test_up_restarts_killed_children_until_their_budget_is_spent(service_tmp_pat
         assert set(before.strip("{}").split(",")) <= set(after.strip("{}").split(","))  # every committed event
         # Each restarted child stayed up: one exit each, the kill's.
         assert [line.split(" exited")[0] for line in up.lines if " exited with " in line] == ["[up] worker", "[up] api"]
+
+        # `status` names what up brought back, each once, with how long it took.
+        def recovered() -> dict | None:
+            ran = subprocess.run([sys.executable, "-m", "context_engine", "status", "--data-dir", str(home), "--json"],
+                                 capture_output=True, text=True, timeout=60, env=up.env)
+            entries = {e["process"]: e for e in json.loads(ran.stdout)["recovery"]}
+            return entries if all(e["state"] == "recovered" for e in entries.values()) else None
+        entries = wait_until(recovered, "status saying every recovery is over", up)
+        assert sorted(entries) == ["api", "postgres", "worker"], entries
+        assert all(e["seconds"] >= 0 and e["restarts_last_minute"] == 1 for e in entries.values()), entries
 
         # A child that dies on every start (its port taken) is restarted with a growing delay,
         # CHILD_RESTARTS_PER_MINUTE times; its next death stops the stack: exit 1, nothing left.
