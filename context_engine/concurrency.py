@@ -114,24 +114,11 @@ class BackgroundProcess:
         try:
             return await asyncio.wrap_future(pool.submit(fn, *args))
         except BrokenProcessPool:
-            self._forget(pool)
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = None
+            pool.shutdown(wait=False)
             raise
-
-    def call(self, fn: Callable[..., T], /, *args: Any) -> T:
-        """`run`, waited for in the calling thread (a start-up's loading, before any event loop)."""
-        pool = self._executor()
-        try:
-            return pool.submit(fn, *args).result()
-        except BrokenProcessPool:
-            self._forget(pool)
-            raise
-
-    def _forget(self, pool: ProcessPoolExecutor) -> None:
-        """A broken pool: the next call starts another process."""
-        with self._lock:
-            if self._pool is pool:
-                self._pool = None
-        pool.shutdown(wait=False)
 
     def shutdown(self) -> None:
         with self._lock:
