@@ -53,8 +53,7 @@ async def pull_context(deps: Deps, principal: Principal, query: PullContext) -> 
             pulled = await read_memory(conn, org, agent_id, query.session_id, query.snapshot_name,
                                        Visibility.of(principal.scope))
     except NotFound:
-        if query.session_id:
-            await _audit_refusal(deps, principal, query)
+        await _audit_refusal(deps, principal, query, agent_id)
         raise
     if pulled.share_id:
         access_audit.allowed(deps, principal, "snapshot", pulled.snapshot_id, "read", share_id=pulled.share_id)
@@ -64,15 +63,28 @@ async def pull_context(deps: Deps, principal: Principal, query: PullContext) -> 
     return pulled
 
 
-async def _audit_refusal(deps: Deps, principal: Principal, query: PullContext) -> None:
+async def _audit_refusal(deps: Deps, principal: Principal, query: PullContext, agent_id: str) -> None:
     """One denied row when the refusal crossed a scope: the session, when it is another scope's the
-    caller does not see; else the first snapshot of the name another scope holds in it."""
+    caller does not see; else the agent's memory, when the snapshot the caller sees by that name
+    (or, without one, the session or the org) holds it only where the caller does not see it
+    (another agent's); else the first snapshot of the name another scope holds in the session.
+    Nothing when nothing was there to cross to."""
     org, viewer = principal.scope.org_id, Visibility.of(principal.scope)
+    named: list[str] = []
     async with org_transaction(deps.pool, org, readonly=True) as conn:
-        session = await sessions.get_session(conn, org, query.session_id)
+        session = await sessions.get_session(conn, org, query.session_id) if query.session_id else None
         if session is not None and not viewer.sees(session.scope_path):
             access_audit.denied(deps, principal, "session", query.session_id, "read", "not_visible")
             return
-        named = await sessions.snapshot_ids_named(conn, org, query.session_id, query.snapshot_name) \
-            if query.snapshot_name else []
-    await access_audit.denied_resources(deps, principal, "snapshot", named, "read", first_only=True)
+        if query.snapshot_name:
+            seen = await sessions.snapshot_by_name(conn, org, query.session_id, query.snapshot_name, viewer)
+            hidden = None if seen is None else await sessions.hidden_memory(conn, org, agent_id, viewer,
+                                                                             snapshot=seen)
+            if seen is None:
+                named = await sessions.snapshot_ids_named(conn, org, query.session_id, query.snapshot_name)
+        else:
+            hidden = await sessions.hidden_memory(conn, org, agent_id, viewer, session_id=query.session_id or None)
+    if hidden is not None:
+        access_audit.denied(deps, principal, "memory", hidden, "read", "not_visible")
+    elif named:
+        await access_audit.denied_resources(deps, principal, "snapshot", named, "read", first_only=True)

@@ -257,6 +257,28 @@ async def latest_memory(conn: asyncpg.Connection, org_id: str, agent_id: str, se
     return _memory(r) if r else None
 
 
+async def hidden_memory(conn: asyncpg.Connection, org_id: str, agent_id: str, visible: Visibility, *,
+                        session_id: str | None = None, snapshot: Snapshot | None = None) -> str | None:
+    """The event id of the newest memory of `agent_id` owned where the caller does not see it:
+    what a refused PullContext reached for (its audit row). In `snapshot`'s state when given, else
+    the newest active one (in `session_id` when given)."""
+    if snapshot is not None:
+        event_id = await conn.fetchval(
+            "SELECT m.event_id FROM snapshots s "
+            "CROSS JOIN LATERAL jsonb_to_recordset(s.state -> 'items') AS i(event_id uuid, kind text, seq bigint) "
+            "JOIN memory_versions m ON m.org_id = s.org_id AND m.event_id = i.event_id "
+            "WHERE s.org_id = $1 AND s.snapshot_id = $2 AND i.kind = 'memory' "
+            "AND m.agent_id = $3 AND NOT m.scope_path = ANY($4::text[]) ORDER BY i.seq DESC LIMIT 1",
+            org_id, uuid.UUID(snapshot.snapshot_id), agent_id, visible.sql_paths)
+    else:
+        event_id = await conn.fetchval(
+            "SELECT event_id FROM memory_versions WHERE org_id = $1 AND agent_id = $2 "
+            "AND ($3::text IS NULL OR session_id = $3) AND active AND NOT scope_path = ANY($4::text[]) "
+            "ORDER BY created_at DESC, event_id DESC LIMIT 1",
+            org_id, agent_id, session_id, visible.sql_paths)
+    return None if event_id is None else str(event_id)
+
+
 async def snapshot_memory(conn: asyncpg.Connection, org_id: str, snapshot: Snapshot, agent_id: str,
                           visible: Visibility, *, memory_type: str | None = None) -> MemoryVersion | None:
     """PullContext with snapshot_name: the newest memory of `agent_id` in the snapshot's state

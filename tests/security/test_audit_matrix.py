@@ -33,8 +33,9 @@ NAME_NOTHING = {"Search", "ListShares", "ResolveGuardrailLayers", "ValidatePromp
 
 @dataclass
 class Owned:
-    """What the owner scope (world's "team") holds: a session with a turn and an agent's memory, a
-    snapshot of it, the turn's chunk and event, and a grant of the chunk to the other pillar."""
+    """What the owner scope (world's "team") holds: a session with a turn and its agent "bot"'s memory
+    (owned at the agent's scope, below the team), a snapshot of both, the turn's chunk and event, and
+    a grant of the chunk to the other pillar."""
 
     owner: Scope
     session: str
@@ -42,18 +43,32 @@ class Owned:
     chunk_id: str
     event_id: str
     share_id: str
+    memory_event_id: str
+
+    @property
+    def bot(self) -> Scope:
+        return Scope(self.owner.org_id, self.owner.pillar_id, self.owner.team_id, "bot")
 
 
 @dataclass(frozen=True)
 class Probe:
     rpc: str
     request: Callable[[Owned, Scope], object]
-    resource: Callable[[Owned], tuple[str, str]]  # (resource_type, resource_id) of the denied row
+    resource: Callable[[Owned, Scope], tuple[str, str]]  # (resource_type, resource_id) of the caller's denied row
     allowed: Callable[[Scope, Scope], bool]  # (caller, owner) -> the written rule allows it
 
 
-def session_of(o: Owned) -> tuple[str, str]:
+def session_of(o: Owned, _caller: Scope) -> tuple[str, str]:
     return "session", o.session
+
+
+def bots_memory(o: Owned, caller: Scope) -> tuple[str, str]:
+    """The session when the caller does not see it, else the memory it reached for."""
+    return session_of(o, caller) if not sees(caller, o.owner) else ("memory", o.memory_event_id)
+
+
+def sees_bots_memory(caller: Scope, owner: Scope) -> bool:
+    return sees(caller, Scope(owner.org_id, owner.pillar_id, owner.team_id, "bot"))
 
 
 PROBES = (
@@ -63,18 +78,20 @@ PROBES = (
                                                             content=b"x"),
           session_of, lambda c, owner: sees(c, owner)),
     Probe("PullContext", lambda o, c: pb.PullContextRequest(agent_id="bot", session_id=o.session),
-          session_of, lambda c, owner: sees(c, owner)),
+          bots_memory, sees_bots_memory),
     Probe("PullContext", lambda o, c: pb.PullContextRequest(agent_id="bot", session_id=o.session,
                                                             snapshot_name="handover"),
-          session_of, lambda c, owner: sees(c, owner)),
+          bots_memory, sees_bots_memory),
+    Probe("PullContext", lambda o, c: pb.PullContextRequest(agent_id="bot"),  # no session named: the memory
+          lambda o, c: ("memory", o.memory_event_id), sees_bots_memory),
     Probe("AssembleContext", lambda o, c: pb.AssembleContextRequest(session_id=o.session, token_budget=500),
           session_of, lambda c, owner: sees(c, owner)),
     Probe("AssembleContext", lambda o, c: pb.AssembleContextRequest(
         session_id=f"own-{c.path.replace('/', '-')}", token_budget=500, hints={"must_include": f"event:{o.event_id}"}),
-        lambda o: ("event", o.event_id), lambda c, owner: sees(c, owner)),
+        lambda o, c: ("event", o.event_id), lambda c, owner: sees(c, owner)),
     Probe("AssembleContext", lambda o, c: pb.AssembleContextRequest(
         session_id=f"own-{c.path.replace('/', '-')}", token_budget=500, hints={"pinned_chunk_ids": o.chunk_id}),
-        lambda o: ("chunk", o.chunk_id), lambda c, owner: sees(c, owner)),
+        lambda o, c: ("chunk", o.chunk_id), lambda c, owner: sees(c, owner)),
     Probe("CreateSnapshot", lambda o, c: pb.CreateSnapshotRequest(session_id=o.session,
                                                                   snapshot_name=f"s-{uuid.uuid4().hex[:8]}"),
           session_of, lambda c, owner: sees(c, owner)),
@@ -85,9 +102,9 @@ PROBES = (
           session_of, may_rewrite),
     Probe("CreateShare", lambda o, c: pb.CreateShareRequest(
         resource_id=o.chunk_id, resource_type="chunk", grantee_scope="org", grantee_scope_id=c.org_id,
-        permissions=["read"]), lambda o: ("chunk", o.chunk_id), lambda c, owner: may_share(c, 4, owner)),
+        permissions=["read"]), lambda o, c: ("chunk", o.chunk_id), lambda c, owner: may_share(c, 4, owner)),
     Probe("RevokeShare", lambda o, c: pb.RevokeShareRequest(share_id=o.share_id),
-          lambda o: ("share", o.share_id), lambda c, owner: sees(owner, c)),  # the grantor or above it
+          lambda o, c: ("share", o.share_id), lambda c, owner: sees(owner, c)),  # the grantor or above it
 )
 
 # (RPC, the clearance rule it needs, a request of the owner's own) for the under-clearance refusals.
@@ -119,8 +136,9 @@ async def owned_world(engine) -> tuple[dict[str, Scope], Owned]:
     session = f"audited-{uuid.uuid4().hex[:8]}"
     turn = await author("IngestEvent", pb.IngestEventRequest(session_id=session, event_type="message",
                                                              content=b"the quay closes at dusk"))
-    await caller(engine, Scope(owner.org_id, owner.pillar_id, owner.team_id, "bot"))(
-        "PushContext", pb.PushContextRequest(session_id=session, memory_type="semantic", content=b"berth 4"))
+    bot = Scope(owner.org_id, owner.pillar_id, owner.team_id, "bot")
+    await caller(engine, bot)("PushContext", pb.PushContextRequest(session_id=session, memory_type="semantic",
+                                                                   content=b"berth 4"))
     snapshot = await author("CreateSnapshot", pb.CreateSnapshotRequest(session_id=session, snapshot_name="handover"))
     await settled(engine.settings.database_url, owner.org_id)
     rows = await admin_fetch(engine, "SELECT chunk_id FROM chunks WHERE org_id = $1 AND source_event_id = $2",
@@ -128,8 +146,10 @@ async def owned_world(engine) -> tuple[dict[str, Scope], Owned]:
     grant = await author("CreateShare", pb.CreateShareRequest(
         resource_id=str(rows[0]["chunk_id"]), resource_type="chunk", grantee_scope="pillar",
         grantee_scope_id=f"{owner.org_id}/support", permissions=["read"]))
+    memory = await admin_fetch(engine, "SELECT event_id FROM memory_versions WHERE org_id = $1 AND agent_id = 'bot'",
+                               owner.org_id)
     return world, Owned(owner, session, snapshot.snapshot_id, str(rows[0]["chunk_id"]), turn.event_id,
-                        grant.share_id)
+                        grant.share_id, str(memory[0]["event_id"]))
 
 
 async def outcome(call) -> tuple[grpc.StatusCode, str]:
@@ -162,15 +182,15 @@ async def test_every_refused_attempt_leaves_exactly_one_denied_row(engine) -> No
     expected: collections.Counter[tuple[str, str, str]] = collections.Counter()
     refusals = []
     for name, scope in world.items():
-        if scope == owned.owner or scope.org_id != owned.owner.org_id:
-            continue  # the owner is allowed everything; another org cannot name what the org holds
+        if scope.org_id != owned.owner.org_id:
+            continue  # another org cannot name what the org holds
         for probe in PROBES:
             if probe.allowed(scope, owned.owner):
                 continue  # allowed calls are the other tests' subject; here only what is refused
             code, reason = await outcome(caller(engine, scope)(probe.rpc, probe.request(owned, scope)))
             refusals.append((name, probe.rpc, code, reason))
             assert code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED), (name, probe.rpc, code)
-            expected[(scope.path, *probe.resource(owned))] += 1
+            expected[(scope.path, *probe.resource(owned, scope))] += 1
     for rpc, action, request in CLEARANCE_PROBES:
         code, reason = await outcome(caller(engine, owned.owner, action.level - 1)(rpc, request(owned)))
         assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "CLEARANCE_TOO_LOW"), rpc
