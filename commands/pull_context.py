@@ -19,8 +19,9 @@ from context_engine.auth import Principal
 from context_engine.errors import InvalidArgument, NotFound
 from context_engine.events import SessionRef
 from context_engine.visibility import Visibility
-from projections.reads import sessions
+from projections.reads import sessions, share_grants
 from projections.reads.pull_context import Pulled, await_scan, read_memory
+from projections.reads.share_grants import GRANT_DENIALS
 from projections.store.pool import org_transaction
 
 
@@ -65,7 +66,8 @@ async def pull_context(deps: Deps, principal: Principal, query: PullContext) -> 
 
 async def _audit_refusal(deps: Deps, principal: Principal, query: PullContext, agent_id: str) -> None:
     """One denied row when the refusal crossed a scope: the session, when it is another scope's the
-    caller does not see; else the agent's memory, when the snapshot the caller sees by that name
+    caller does not see (or a snapshot of it whose grant to the caller was revoked or lacks `read`);
+    else the agent's memory, when the snapshot the caller sees by that name
     (or, without one, the session or the org) holds it only where the caller does not see it
     (another agent's); else the first snapshot of the name another scope holds in the session.
     Nothing when nothing was there to cross to."""
@@ -74,6 +76,13 @@ async def _audit_refusal(deps: Deps, principal: Principal, query: PullContext, a
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         session = await sessions.get_session(conn, org, query.session_id) if query.session_id else None
         if session is not None and not viewer.sees(session.scope_path):
+            # A snapshot of it granted to the caller once is what it reached for: that grant's row.
+            for snapshot_id in (await sessions.snapshot_ids_named(conn, org, query.session_id, query.snapshot_name)
+                                if query.snapshot_name else []):
+                reason = await share_grants.denial_reason(conn, org, viewer, "snapshot", snapshot_id, "read")
+                if reason in GRANT_DENIALS:
+                    access_audit.denied(deps, principal, "snapshot", snapshot_id, "read", reason)
+                    return
             access_audit.denied(deps, principal, "session", query.session_id, "read", "not_visible")
             return
         if query.snapshot_name:

@@ -168,6 +168,10 @@ SELECT CASE
 """
 
 
+# The denial reasons that say the caller holds (or held) a grant of the resource.
+GRANT_DENIALS = ("permission_missing", "grant_revoked")
+
+
 async def denial_reason(conn: asyncpg.Connection, org_id: str, viewer: Visibility, resource_type: str,
                         resource_id: str, permission: str) -> str | None:
     """The audit's denial reason for a resource the caller asked for and may not have, or None

@@ -465,6 +465,16 @@ async def test_a_shared_snapshot_is_pulled_by_the_grantee(engine):
                        reason="SNAPSHOT_NOT_FOUND")
     await owner_bot("RevokeShare", pb.RevokeShareRequest(share_id=created.share_id))
     await expect_error(grpc.StatusCode.NOT_FOUND, apac("PullContext", request), reason="SNAPSHOT_NOT_FOUND")
+    # Its audit: the session apac never saw, then its read through the grant, a stranger's try at
+    # the session, and the read after the revocation, recorded at the snapshot it was granted.
+    rows = await audit_rows_until(engine, world.org, await sentinel(engine, world))
+    assert [(r["actor_pillar"], r["actor_team"], r["resource_type"], r["resource_id"], r["outcome"],
+             r["denial_reason"], r["share_id"]) for r in rows if r["operation"] == "read"] == [
+        ("sales", "apac", "session", world.session, "denied", "not_visible", ""),
+        ("sales", "apac", "snapshot", snap.snapshot_id, "allowed", "", created.share_id),
+        ("support", "desk", "session", world.session, "denied", "not_visible", ""),
+        ("sales", "apac", "snapshot", snap.snapshot_id, "denied", "grant_revoked", ""),
+    ]
 
 
 async def test_forgery_attempts_leave_one_denied_row_each_and_grant_reads_allowed_rows(engine):
