@@ -35,12 +35,6 @@ class WindowedStream(faust.Stream):
         async for batch in self._batches(max_, within):
             yield [event for _value, event in batch]
 
-    def hold(self, event: EventT) -> None:
-        """Leave `event`, of the batch being consumed, out of the batch's acknowledgement: the
-        caller acknowledges it (`ack`) once done with it. Until then its partition's committed
-        offset stays before it (Faust commits up to the first unacknowledged record)."""
-        self._held.add(id(event))
-
     async def _batches(self, max_: int, within: Seconds) -> AsyncIterator[list[tuple[Any, EventT]]]:
         window = want_seconds(within)
         if max_ < 1 or not window > 0:
@@ -68,7 +62,6 @@ class WindowedStream(faust.Stream):
                 room.clear()
             return value
 
-        self._held: set[int] = set()
         acks_were_enabled = self.enable_acks
         self.enable_acks = False  # acked below, once the batch has been consumed
         self.add_processor(collect)
@@ -89,10 +82,7 @@ class WindowedStream(faust.Stream):
                     yield batch
                 finally:
                     for _value, event in batch:
-                        if id(event) in self._held:
-                            self._held.discard(id(event))
-                        else:
-                            await self.ack(event)
+                        await self.ack(event)
                     if len(pending) < max_:  # the next batch may have filled meanwhile
                         room.set()
         finally:

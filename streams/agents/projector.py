@@ -16,18 +16,17 @@ from __future__ import annotations
 import asyncpg
 import faust
 import structlog
-from faust.types import EventT, StreamT
+from faust.types import StreamT
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from context_engine.events import EMBEDDING_RECORDED
 from context_engine.metrics import PROJECTOR_BATCH_EVENTS, PROJECTOR_BATCH_SECONDS
-from projections.projector.batch import PROJECTOR, apply_batch
+from projections.projector.batch import apply_batch
 from projections.projector.outcome import Applied, ProjectionOutcome
 from projections.projector.records import LogRecord
 from streams import readiness
 from streams.acknowledgement import announcement
 from streams.agents import windowed
-from streams.agents.projector_lanes import OrgLanes
 from streams.agents.resources import WorkerResources
 from streams.jobs import job_message
 from streams.windowed_stream import WindowedStream
@@ -36,9 +35,6 @@ log = structlog.get_logger("context_engine.worker")
 
 BATCH_MAX = 500
 BATCH_WITHIN_S = 0.002
-# The offsets the lanes commit are kept apart from the batches' (projector_offsets, a diagnosis: the
-# consumer's own commits are what a restart resumes from), so the two never wait on one row.
-LANE_PROJECTOR = f"{PROJECTOR}/lane"
 
 
 def register_session_projector(app: faust.App, resources: WorkerResources) -> None:
@@ -60,26 +56,19 @@ def register_session_projector(app: faust.App, resources: WorkerResources) -> No
 async def _project(resources: WorkerResources, stream: WindowedStream) -> None:
     db = await resources.pool()
     assigner = await resources.vector_assigner()
-
-    async def publish(applied: list[Applied]) -> None:
-        for a in applied:
-            if a.type == EMBEDDING_RECORDED and a.outcome == ProjectionOutcome.APPLIED:
-                assigner.put(a.org_id, a.event_id)
-            for kind, job in map(job_message, a.jobs):
+    async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
+        records = [LogRecord(e.message.topic, e.message.partition, e.message.offset, e.value)
+                   for e in resources.authentic(batch)]
+        if not records:
+            continue
+        for applied in await project_batch(db, records):
+            if applied.type == EMBEDDING_RECORDED and applied.outcome == ProjectionOutcome.APPLIED:
+                assigner.put(applied.org_id, applied.event_id)
+            for kind, job in map(job_message, applied.jobs):
                 await resources.send_job(kind, job)
 
-    async def apply_in_lane(records: list[LogRecord]) -> list[Applied]:
-        return await project_batch(db, records, projector=LANE_PROJECTOR)
 
-    lanes: OrgLanes[EventT] = OrgLanes(apply_in_lane, publish, stream.ack, batch_max=BATCH_MAX)
-    async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
-        records = lanes.route([(LogRecord(e.message.topic, e.message.partition, e.message.offset, e.value), e)
-                               for e in resources.authentic(batch)], stream.hold)
-        if records:
-            await publish(await project_batch(db, records))
-
-
-async def project_batch(pool: asyncpg.Pool, records: list[LogRecord], *, projector: str = PROJECTOR) -> list[Applied]:
+async def project_batch(pool: asyncpg.Pool, records: list[LogRecord]) -> list[Applied]:
     """Apply one batch and announce its events, atomically: NOTIFY is delivered at commit.
 
     An event that cannot be applied is set aside inside `apply_batch`; what still fails here is
@@ -91,7 +80,7 @@ async def project_batch(pool: asyncpg.Pool, records: list[LogRecord], *, project
                                        before_sleep=_log_batch_retry, reraise=True):
         with attempt, PROJECTOR_BATCH_SECONDS.time():
             async with pool.acquire() as conn:
-                return await apply_batch(conn, records, projector=projector, notify=announcement)
+                return await apply_batch(conn, records, notify=announcement)
     raise AssertionError("unreachable: the retry loop returns or raises")
 
 

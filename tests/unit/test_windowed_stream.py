@@ -122,32 +122,6 @@ async def test_events_are_acknowledged_after_their_batch_was_consumed():
     assert [e.message.acked for e in rec.event_batches[0]] == [True] * 4
 
 
-async def test_a_held_event_is_left_out_of_its_batchs_acknowledgement_until_acked():
-    app = make_app()
-    batches: list[list] = []
-    held: list = []
-
-    async def body(stream):
-        async for batch in stream.take_events(2, within=60.0):
-            batches.append(list(batch))
-            for event in batch:
-                if event.value == "held":
-                    stream.hold(event)
-                    held.append((stream, event))
-
-    agent = app.agent(app.channel(), name="holder")(body)
-    async with agent.test_context() as running:
-        for value in ("held", "plain", "next", "next too"):
-            await running.put(value)
-        await until(lambda: len(batches) >= 2)
-        first = batches[0]
-        assert [e.value for e in first] == ["held", "plain"]
-        assert [e.message.acked for e in first] == [False, True]  # the batch was consumed
-        stream, event = held[0]
-        await stream.ack(event)
-        assert event.message.acked
-
-
 def test_a_window_must_be_positive():
     app = make_app()
     stream = app.stream(app.channel())
