@@ -35,6 +35,7 @@ import asyncio
 import datetime as dt
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 import asyncpg
@@ -80,15 +81,16 @@ class StaleRequest(Exception):
     """The source changed between reading it and locking it: build its rows again."""
 
 
-async def index_requested(conn: asyncpg.Connection, org_id: str, source_event_id: str) -> dict[str, list[str]]:
+async def index_requested(conn: asyncpg.Connection, org_id: str, source_event_id: str, *,
+                          builder: Executor | None = None) -> dict[str, list[str]]:
     """Index one requested source of `org_id` if it is still requested. Returns the chunks still
     without a vector, by the event that asked (for EmbeddingJobs); {} when there was nothing to do.
 
-    Every row is built (on a thread) before the writing transaction begins, with the source's
-    state as read then; the transaction locks the source, then the request (the order in which
-    the projector's rollbacks and rescans take them), checks that nothing changed, and sends the
-    slices and, last, the statistics (their row locks, which the projector takes too, are held
-    for the commit only)."""
+    Every row is built (on `builder`, else the loop's default executor) before the writing
+    transaction begins, with the source's state as read then; the transaction locks the source,
+    then the request (the order in which the projector's rollbacks and rescans take them), checks
+    that nothing changed, and sends the slices and, last, the statistics (their row locks, which
+    the projector takes too, are held for the commit only)."""
     source = uuid.UUID(source_event_id)
     for _ in range(3):  # the source changed under us: build again from what it is now
         async with conn.transaction():
@@ -100,7 +102,8 @@ async def index_requested(conn: asyncpg.Connection, org_id: str, source_event_id
         if read is None:
             return {}
         chunks = ChunkProjection(conn, org_id, defer_long=False)
-        slices, statistics, chunks.added_by = await asyncio.to_thread(build_rows, org_id, dict(read), kind)
+        slices, statistics, chunks.added_by = await asyncio.get_running_loop().run_in_executor(
+            builder, build_rows, org_id, dict(read), kind)
         try:
             async with conn.transaction():
                 await _set_org(conn, org_id)

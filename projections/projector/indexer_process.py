@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 
 import asyncpg
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
@@ -21,9 +22,12 @@ from projections.projector import deferred_indexing
 from projections.projector.rejections import is_infrastructure_failure
 from projections.store.pool import init_connection
 
+APPLICATION_NAME = "context-engine-indexer"  # its connection in pg_stat_activity
+
 _loop: asyncio.AbstractEventLoop | None = None
 _conn: asyncpg.Connection | None = None
 _conn_url: str | None = None
+_builder: ThreadPoolExecutor | None = None
 
 
 class IndexingFailed(Exception):
@@ -52,12 +56,13 @@ def index_source(database_url: str | None, org_id: str, source_event_id: str, *,
     writing transaction, which runs at the process's priority: it holds row locks the projector
     takes too (the org's statistics, till the commit), and a SCHED_IDLE writer could wait long
     for a slice between its last statement and its COMMIT while the projector waited for it.
-    The thread is started by the process's first call, with that call's priority."""
-    global _loop
+    The thread is started by the process's first call, with that call's priority. A connection
+    found dead is replaced once within the call."""
+    global _loop, _builder
     if _loop is None:
         _loop = asyncio.new_event_loop()
-        # index_requested builds with asyncio.to_thread, on the loop's default executor
-        _loop.set_default_executor(background_thread("chunk-builder", build_niceness, idle=build_idle))
+        # its own thread, not the loop's default executor, which getaddrinfo uses when connecting
+        _builder = background_thread("chunk-builder", build_niceness, idle=build_idle)
     try:
         return _loop.run_until_complete(_index(database_url, org_id, source_event_id))
     except Exception as exc:
@@ -68,11 +73,23 @@ def index_source(database_url: str | None, org_id: str, source_event_id: str, *,
 
 
 async def _index(database_url: str | None, org_id: str, source_event_id: str) -> dict[str, list[str]]:
-    conn = await _connection(database_url)
+    reused = _conn is not None and not _conn.is_closed() and _conn_url == database_url
+    try:
+        return await _index_on(await _connection(database_url), org_id, source_event_id)
+    except Exception as exc:
+        if not (reused and is_infrastructure_failure(exc)):
+            raise
+    # The connection died while the process waited (PostgreSQL restarted, an idle timeout): this
+    # loop runs only during a call, so nothing noticed. Once more on a new one.
+    await _disconnect()
+    return await _index_on(await _connection(database_url), org_id, source_event_id)
+
+
+async def _index_on(conn: asyncpg.Connection, org_id: str, source_event_id: str) -> dict[str, list[str]]:
     async for attempt in AsyncRetrying(retry=retry_if_exception_type(asyncpg.TransactionRollbackError),
                                        stop=stop_after_attempt(3), reraise=True):
         with attempt:  # a deadlock with the projector, which PostgreSQL broke: again
-            return await deferred_indexing.index_requested(conn, org_id, source_event_id)
+            return await deferred_indexing.index_requested(conn, org_id, source_event_id, builder=_builder)
     raise AssertionError("unreachable: the retry loop returns or raises")
 
 
@@ -80,9 +97,13 @@ async def _connection(database_url: str | None) -> asyncpg.Connection:
     global _conn, _conn_url
     if _conn is None or _conn.is_closed() or _conn_url != database_url:
         await _disconnect()
-        _conn = await asyncpg.connect(database_url)
-        _conn_url = database_url
-        await init_connection(_conn)
+        conn = await asyncpg.connect(database_url, server_settings={"application_name": APPLICATION_NAME})
+        try:
+            await init_connection(conn)
+        except BaseException:
+            await conn.close()
+            raise
+        _conn, _conn_url = conn, database_url
     return _conn
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from concurrent.futures.process import BrokenProcessPool
 
 import faust
 import structlog
@@ -37,14 +38,11 @@ async def index_sources(resources: WorkerResources, sources_by_org: dict[str, li
     """Index long contents (projections/projector/deferred_indexing.py) and ask for their embeddings. A
     source that fails stays requested: the sweep tries it again. A failure of the content's
     making (not PostgreSQL's or the broker's) is counted on its request; a process that died
-    indexing it (killed, out of memory) counts too."""
-    settings = resources.settings
+    indexing it (killed, out of memory) counts too, when it dies again on it."""
     for org_id, sources in sources_by_org.items():
         for source in sources:
             try:
-                unembedded = await resources.indexing_process.run(functools.partial(
-                    indexer_process.index_source, resources.settings.database_url, org_id, source,
-                    build_niceness=settings.embedding_niceness, build_idle=settings.embedding_idle_priority))
+                unembedded = await _index_in_process(resources, org_id, source)
             except Exception as exc:
                 log.exception("indexing failed; left for the sweep", org_id=org_id, source_event_id=source)
                 failed = exc if isinstance(exc, IndexingFailed) else IndexingFailed(
@@ -56,3 +54,17 @@ async def index_sources(resources: WorkerResources, sources_by_org: dict[str, li
                 continue
             for event_id, chunk_ids in unembedded.items():
                 await resources.send_job("embedding", embedding_job(Scope(org_id), event_id, chunk_ids))
+
+
+async def _index_in_process(resources: WorkerResources, org_id: str, source: str) -> dict[str, list[str]]:
+    settings = resources.settings
+    index = functools.partial(indexer_process.index_source, settings.database_url, org_id, source,
+                              build_niceness=settings.embedding_niceness, build_idle=settings.embedding_idle_priority)
+    try:
+        return await resources.indexing_process.run(index)
+    except BrokenProcessPool:
+        # A dying process fails every call it held, this one maybe for another source's sake (the
+        # sweep shares the process): once more in a new one before it counts against this source.
+        log.warning("the indexer's process died; trying the source again in a new one",
+                    org_id=org_id, source_event_id=source)
+        return await resources.indexing_process.run(index)

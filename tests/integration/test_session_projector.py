@@ -874,6 +874,21 @@ async def test_the_indexer_process_indexes_on_its_own_connection_and_reports_wha
         assert chunk_ids and sorted(unembedded[long.event_id]) == sorted(str(r["chunk_id"]) for r in chunk_ids)
         assert await process.run(indexer_process.index_source, db_url, org, long.event_id) == {}  # done once
 
+        # Its connection killed while it waited (as by a PostgreSQL restart): the next source is
+        # indexed on a new one, within the call.
+        killed = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = $1 AND datname = current_database()", indexer_process.APPLICATION_NAME)
+        assert killed == 1
+        for _ in range(600):  # until its backend has gone (a bound for a loaded machine, not a verdict)
+            if not await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                                       indexer_process.APPLICATION_NAME):
+                break
+            await asyncio.sleep(0.05)
+        after_kill = ingest(org, "s", "quay lamp " * 2_000)
+        await apply_batch(conn, log.append(after_kill))
+        assert await process.run(indexer_process.index_source, db_url, org, after_kill.event_id)
+
         other = ingest(org, "s", "harbour lamp " * 2_000)
         await apply_batch(conn, log.append(other))
         unreachable = db_url.replace(db_url.split("@")[1].split("/")[0], "127.0.0.1:1")
