@@ -4,8 +4,10 @@ recovering). A process dies and comes back within a second or two; without this 
 outside `up`'s own output would say it happened.
 
 One entry per process (the last time it died): `recovering` from its death until it is back (the
-worker: projecting again; PostgreSQL and the broker: accepting connections; an API process or the
-detector: started again), then `recovered` with how long that took.
+worker: its partitions assigned again, its ready mark; PostgreSQL and the broker: accepting
+connections; an API process or the detector: started again), then `recovered` with how long that
+took. Writing it is best effort: a failure (a full disk) is told and kept in `unwritten`, never
+raised.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ def recovery_file(home: Path) -> Path:
 class RecoveryRecord:
     """The supervisor's side: `died`, `waiting` (a restart failed or is delayed), `recovered`."""
 
-    def __init__(self, home: Path, *, clock=time.time) -> None:
-        self.path, self._clock = recovery_file(home), clock
+    def __init__(self, home: Path, *, clock=time.time, say=lambda message: None) -> None:
+        """`say(message)`: where a failed write is told (up's output)."""
+        self.path, self._clock, self._say = recovery_file(home), clock, say
         self.entries: dict[str, dict[str, Any]] = {}
+        self.unwritten = ""  # why the last write failed, if it did
 
     def start_afresh(self) -> None:
         """A new `up`: an earlier stack's record is not this one's."""
@@ -59,10 +63,14 @@ class RecoveryRecord:
         return self.entries.get(process, {}).get("state") == "recovering"
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(sorted(self.entries.values(), key=lambda e: e["died_at"])))
-        os.replace(tmp, self.path)  # a reader sees the old record or the new, never half of one
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text(json.dumps(sorted(self.entries.values(), key=lambda e: e["died_at"])))
+            os.replace(tmp, self.path)  # a reader sees the old record or the new, never half of one
+        except OSError as exc:  # a full disk must not stop the restart this only describes
+            self.unwritten = f"{type(exc).__name__}: {exc}"
+            self._say(f"could not write {self.path} ({self.unwritten}); status will not show this recovery")
 
 
 def recent_recoveries(home: Path, *, now: float | None = None) -> list[dict[str, Any]]:

@@ -141,7 +141,7 @@ class Stack:
         self.postgres_retry_at = 0.0  # after a failed restart, when to try again
         self.env: dict[str, str] = {}
         self.claim: int | None = None  # the data directory's lock (claim_home), once this `up` holds it
-        self.recovery = RecoveryRecord(self.home)  # what `status` says is recovering
+        self.recovery = RecoveryRecord(self.home, say=self.say)  # what `status` says is recovering
 
     def say(self, message: str) -> None:
         print(f"[up] {message}", flush=True)
@@ -294,7 +294,7 @@ class Stack:
             self.say(f"{child.name} could not be restarted ({exc}); stopping the stack")
             return False
         self.say(f"{child.name} restarted (pid {pid})")
-        if child.name != "worker":  # the worker is back when it projects again (monitor)
+        if child.name != "worker":  # the worker is back when it has its partitions again (monitor)
             self.recovery.recovered(child.name)
         return True
 

@@ -93,3 +93,13 @@ def test_the_lines_docs_show_are_the_lines_status_prints(tmp_path):
     assert set(shown) == set(printed)
     for process, line in shown.items():  # the same words, the times apart
         assert re.sub(r"\d\d:\d\d:\d\d", "T", line) == re.sub(r"\d\d:\d\d:\d\d", "T", printed[process])
+
+
+def test_a_record_it_cannot_write_is_kept_and_said_never_raised(tmp_path):
+    (tmp_path / "run").write_text("a file where the directory should be")
+    said: list[str] = []
+    record = RecoveryRecord(tmp_path, say=said.append)
+    record.died("postgres", 1)  # a full disk, a read-only directory: the restart goes on
+    assert record.recovering("postgres") and record.unwritten.startswith(("FileExistsError", "NotADirectoryError"))
+    assert said == [f"could not write {tmp_path}/run/recovery.json ({record.unwritten}); "
+                    "status will not show this recovery"]
