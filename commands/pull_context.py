@@ -18,6 +18,7 @@ from context_engine import validation
 from context_engine.auth import Principal
 from context_engine.errors import InvalidArgument, NotFound
 from context_engine.events import SessionRef
+from context_engine.scope import Scope
 from context_engine.visibility import Visibility
 from projections.reads import sessions, share_grants
 from projections.reads.pull_context import Pulled, await_scan, read_memory
@@ -65,18 +66,24 @@ async def pull_context(deps: Deps, principal: Principal, query: PullContext) -> 
 
 
 async def _audit_refusal(deps: Deps, principal: Principal, query: PullContext, agent_id: str) -> None:
-    """One denied row when the refusal crossed a scope: the session, when it is another scope's the
-    caller does not see (or a snapshot of it whose grant to the caller was revoked or lacks `read`);
-    else the agent's memory, when the snapshot the caller sees by that name
-    (or, without one, the session or the org) holds it only where the caller does not see it
-    (another agent's); else the first snapshot of the name another scope holds in the session.
-    Nothing when nothing was there to cross to."""
+    """One denied row when the refusal crossed a scope, for what the caller reached for:
+    - another scope's session it does not see: the session (`not_visible`), or the snapshot of
+      that name it was granted once (`grant_revoked`, `permission_missing`);
+    - an agent's memory held where the caller does not see it, beside or below a scope it sees (a
+      sibling agent's, an agent's of the caller's team): in the snapshot it reads by that name (its
+      own scope's, or one shared with it, as its creator sees it), else the agent's latest;
+    - else a snapshot of that name that another scope holds in the session.
+    Nothing when nothing was there to cross to, nor for the caller's own agent id (its memory is
+    simply not there yet)."""
     org, viewer = principal.scope.org_id, Visibility.of(principal.scope)
+    another_agent = agent_id != principal.scope.agent_id
+    hidden: str | None = None
     named: list[str] = []
     async with org_transaction(deps.pool, org, readonly=True) as conn:
         session = await sessions.get_session(conn, org, query.session_id) if query.session_id else None
-        if session is not None and not viewer.sees(session.scope_path):
-            # A snapshot of it granted to the caller once is what it reached for: that grant's row.
+        shared = (await sessions.shared_snapshot_by_name(conn, org, query.session_id, query.snapshot_name, viewer)
+                  if query.snapshot_name else None)
+        if session is not None and not viewer.sees(session.scope_path) and shared is None:
             for snapshot_id in (await sessions.snapshot_ids_named(conn, org, query.session_id, query.snapshot_name)
                                 if query.snapshot_name else []):
                 reason = await share_grants.denial_reason(conn, org, viewer, "snapshot", snapshot_id, "read")
@@ -86,12 +93,15 @@ async def _audit_refusal(deps: Deps, principal: Principal, query: PullContext, a
             access_audit.denied(deps, principal, "session", query.session_id, "read", "not_visible")
             return
         if query.snapshot_name:
-            seen = await sessions.snapshot_by_name(conn, org, query.session_id, query.snapshot_name, viewer)
-            hidden = None if seen is None else await sessions.hidden_memory(conn, org, agent_id, viewer,
-                                                                             snapshot=seen)
+            seen, reader = await sessions.snapshot_by_name(conn, org, query.session_id, query.snapshot_name,
+                                                           viewer), viewer
+            if seen is None and shared is not None:
+                seen, reader = shared[0], Visibility.of(Scope.from_path(shared[0].scope_path))
             if seen is None:
                 named = await sessions.snapshot_ids_named(conn, org, query.session_id, query.snapshot_name)
-        else:
+            elif another_agent:
+                hidden = await sessions.hidden_memory(conn, org, agent_id, reader, snapshot=seen)
+        elif another_agent:
             hidden = await sessions.hidden_memory(conn, org, agent_id, viewer, session_id=query.session_id or None)
     if hidden is not None:
         access_audit.denied(deps, principal, "memory", hidden, "read", "not_visible")

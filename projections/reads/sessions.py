@@ -259,22 +259,25 @@ async def latest_memory(conn: asyncpg.Connection, org_id: str, agent_id: str, se
 
 async def hidden_memory(conn: asyncpg.Connection, org_id: str, agent_id: str, visible: Visibility, *,
                         session_id: str | None = None, snapshot: Snapshot | None = None) -> str | None:
-    """The event id of the newest memory of `agent_id` owned where the caller does not see it:
-    what a refused PullContext reached for (its audit row). In `snapshot`'s state when given, else
-    the newest active one (in `session_id` when given)."""
+    """The event id of the newest memory of `agent_id` owned where the caller does not see it but
+    beside or below a scope it sees (its parent scope visible: an agent id names an agent of the
+    caller's own team, not another team's of the same name): what a refused PullContext reached
+    for (its audit row). In `snapshot`'s state when given, else the newest active one (in
+    `session_id` when given)."""
+    hidden = "NOT m.scope_path = ANY($4::text[]) AND regexp_replace(m.scope_path, '/[^/]*$', '') = ANY($4::text[])"
     if snapshot is not None:
         event_id = await conn.fetchval(
             "SELECT m.event_id FROM snapshots s "
             "CROSS JOIN LATERAL jsonb_to_recordset(s.state -> 'items') AS i(event_id uuid, kind text, seq bigint) "
             "JOIN memory_versions m ON m.org_id = s.org_id AND m.event_id = i.event_id "
-            "WHERE s.org_id = $1 AND s.snapshot_id = $2 AND i.kind = 'memory' "
-            "AND m.agent_id = $3 AND NOT m.scope_path = ANY($4::text[]) ORDER BY i.seq DESC LIMIT 1",
+            f"WHERE s.org_id = $1 AND s.snapshot_id = $2 AND i.kind = 'memory' AND m.agent_id = $3 AND {hidden} "
+            "ORDER BY i.seq DESC LIMIT 1",
             org_id, uuid.UUID(snapshot.snapshot_id), agent_id, visible.sql_paths)
     else:
         event_id = await conn.fetchval(
-            "SELECT event_id FROM memory_versions WHERE org_id = $1 AND agent_id = $2 "
-            "AND ($3::text IS NULL OR session_id = $3) AND active AND NOT scope_path = ANY($4::text[]) "
-            "ORDER BY created_at DESC, event_id DESC LIMIT 1",
+            "SELECT m.event_id FROM memory_versions m WHERE m.org_id = $1 AND m.agent_id = $2 "
+            f"AND ($3::text IS NULL OR m.session_id = $3) AND m.active AND {hidden} "
+            "ORDER BY m.created_at DESC, m.event_id DESC LIMIT 1",
             org_id, agent_id, session_id, visible.sql_paths)
     return None if event_id is None else str(event_id)
 

@@ -461,6 +461,9 @@ async def test_a_shared_snapshot_is_pulled_by_the_grantee(engine):
                                                    resource_id=snap.snapshot_id, resource_type="snapshot"))
     pulled = await apac("PullContext", request)
     assert pulled.content == b"the pilot boards at slack water" and pulled.version_hash == snap.version_hash
+    # An agent the shared snapshot holds nothing of: not found, and no row (the grant held; nothing crossed).
+    await expect_error(grpc.StatusCode.NOT_FOUND, apac("PullContext", pb.PullContextRequest(
+        agent_id="nobody", session_id=world.session, snapshot_name="handover")), reason="SNAPSHOT_NOT_FOUND")
     await expect_error(grpc.StatusCode.NOT_FOUND, caller(engine, world.org, "support", "desk")("PullContext", request),
                        reason="SNAPSHOT_NOT_FOUND")
     await owner_bot("RevokeShare", pb.RevokeShareRequest(share_id=created.share_id))

@@ -54,7 +54,8 @@ class Owned:
 class Probe:
     rpc: str
     request: Callable[[Owned, Scope], object]
-    resource: Callable[[Owned, Scope], tuple[str, str]]  # (resource_type, resource_id) of the caller's denied row
+    # (resource_type, resource_id) of the caller's denied row; None: the refusal named nothing of the owner's
+    resource: Callable[[Owned, Scope], tuple[str, str] | None]
     allowed: Callable[[Scope, Scope], bool]  # (caller, owner) -> the written rule allows it
 
 
@@ -65,6 +66,12 @@ def session_of(o: Owned, _caller: Scope) -> tuple[str, str]:
 def bots_memory(o: Owned, caller: Scope) -> tuple[str, str]:
     """The session when the caller does not see it, else the memory it reached for."""
     return session_of(o, caller) if not sees(caller, o.owner) else ("memory", o.memory_event_id)
+
+
+def bots_memory_if_of_its_team(o: Owned, caller: Scope) -> tuple[str, str] | None:
+    """An agent id names an agent beside or below the caller's scopes (docs/security.md): "bot" is
+    the owner team's agent to a caller that sees the team, and no one's to the others."""
+    return ("memory", o.memory_event_id) if sees(caller, o.owner) else None
 
 
 def sees_bots_memory(caller: Scope, owner: Scope) -> bool:
@@ -82,8 +89,8 @@ PROBES = (
     Probe("PullContext", lambda o, c: pb.PullContextRequest(agent_id="bot", session_id=o.session,
                                                             snapshot_name="handover"),
           bots_memory, sees_bots_memory),
-    Probe("PullContext", lambda o, c: pb.PullContextRequest(agent_id="bot"),  # no session named: the memory
-          lambda o, c: ("memory", o.memory_event_id), sees_bots_memory),
+    Probe("PullContext", lambda o, c: pb.PullContextRequest(agent_id="bot"),  # no session named: the memory,
+          bots_memory_if_of_its_team, sees_bots_memory),  # when "bot" can name the team's agent
     Probe("AssembleContext", lambda o, c: pb.AssembleContextRequest(session_id=o.session, token_budget=500),
           session_of, lambda c, owner: sees(c, owner)),
     Probe("AssembleContext", lambda o, c: pb.AssembleContextRequest(
@@ -190,7 +197,8 @@ async def test_every_refused_attempt_leaves_exactly_one_denied_row(engine) -> No
             code, reason = await outcome(caller(engine, scope)(probe.rpc, probe.request(owned, scope)))
             refusals.append((name, probe.rpc, code, reason))
             assert code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED), (name, probe.rpc, code)
-            expected[(scope.path, *probe.resource(owned, scope))] += 1
+            if (resource := probe.resource(owned, scope)) is not None:
+                expected[(scope.path, *resource)] += 1
     for rpc, action, request in CLEARANCE_PROBES:
         code, reason = await outcome(caller(engine, owned.owner, action.level - 1)(rpc, request(owned)))
         assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "CLEARANCE_TOO_LOW"), rpc
@@ -200,6 +208,22 @@ async def test_every_refused_attempt_leaves_exactly_one_denied_row(engine) -> No
     rows = await denied_rows(engine, owned.owner.org_id, sum(expected.values()))
     got = collections.Counter((actor(r), r["resource_type"], r["resource_id"]) for r in rows)
     assert got == expected, (got - expected, expected - got, refusals)
+
+
+async def test_an_agent_id_names_no_other_teams_agent_and_ones_own_names_nothing(engine) -> None:
+    world, owned = await owned_world(engine)
+    namesake = Scope(owned.owner.org_id, "sales", "apac", "bot")  # "bot" of another team
+    other_agent = caller(engine, Scope(owned.owner.org_id, "sales", "apac", "desk"))
+    for request in (pb.PullContextRequest(), pb.PullContextRequest(agent_id="bot")):
+        code, reason = await outcome(caller(engine, namesake)("PullContext", request))  # its own, none yet
+        assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "MEMORY_NOT_FOUND")
+    code, reason = await outcome(other_agent("PullContext", pb.PullContextRequest(agent_id="bot")))
+    assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "MEMORY_NOT_FOUND")
+    # Then one refusal that does cross (the team's session): the writer stores an org's rows in order.
+    await outcome(other_agent("PullContext", pb.PullContextRequest(agent_id="bot", session_id=owned.session)))
+    rows = await denied_rows(engine, owned.owner.org_id, 1)
+    assert [(actor(r), r["resource_type"], r["resource_id"]) for r in rows] == [
+        (f"{owned.owner.org_id}/sales/apac/desk", "session", owned.session)]
 
 
 @pytest.fixture
