@@ -192,8 +192,8 @@ def _background_role(pid: int) -> str:
 
 
 def process_roles(stack: Stack) -> dict[str, list[int]]:
-    """The stack's processes by what they run: api, worker, its indexer and embedder, postgres,
-    broker, other."""
+    """The stack's processes by what they run: api, worker, the worker's background processes (by
+    the names they give themselves: indexer), postgres, broker, other."""
     roles: dict[str, list[int]] = collections.defaultdict(list)
     for pid in stack_pids(stack):
         try:
