@@ -868,7 +868,8 @@ async def test_the_indexer_process_indexes_on_its_own_connection_and_reports_wha
     process = BackgroundProcess(0)
     try:
         unembedded = await process.run(functools.partial(
-            indexer_process.index_source, db_url, org, long.event_id, build_niceness=5, build_idle=True))
+            indexer_process.index_source, db_url, org, long.event_id, build_niceness=5))  # not SCHED_IDLE: a
+        # busy machine would starve it (test_concurrency checks that class)
         chunk_ids = await in_org(conn, org, lambda c, o: c.fetch(
             "SELECT chunk_id FROM chunks WHERE org_id = $1 AND source_event_id = $2", o, uuid.UUID(long.event_id)))
         assert chunk_ids and sorted(unembedded[long.event_id]) == sorted(str(r["chunk_id"]) for r in chunk_ids)
