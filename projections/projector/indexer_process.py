@@ -73,7 +73,7 @@ def index_source(database_url: str | None, org_id: str, source_event_id: str, *,
 
 
 async def _index(database_url: str | None, org_id: str, source_event_id: str) -> dict[str, list[str]]:
-    reused = _conn is not None and not _conn.is_closed() and _conn_url == database_url
+    reused = _kept(database_url)
     try:
         return await _index_on(await _connection(database_url), org_id, source_event_id)
     except Exception as exc:
@@ -93,9 +93,14 @@ async def _index_on(conn: asyncpg.Connection, org_id: str, source_event_id: str)
     raise AssertionError("unreachable: the retry loop returns or raises")
 
 
+def _kept(database_url: str | None) -> bool:
+    """Whether the process holds a connection to `database_url` it believes open."""
+    return _conn is not None and not _conn.is_closed() and _conn_url == database_url
+
+
 async def _connection(database_url: str | None) -> asyncpg.Connection:
     global _conn, _conn_url
-    if _conn is None or _conn.is_closed() or _conn_url != database_url:
+    if not _kept(database_url):
         await _disconnect()
         conn = await asyncpg.connect(database_url, server_settings={"application_name": APPLICATION_NAME})
         try:

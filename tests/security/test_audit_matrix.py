@@ -45,9 +45,10 @@ class Owned:
     share_id: str
     memory_event_id: str
 
-    @property
-    def bot(self) -> Scope:
-        return Scope(self.owner.org_id, self.owner.pillar_id, self.owner.team_id, "bot")
+
+def bot_of(owner: Scope) -> Scope:
+    """The owner team's agent "bot", whose memory the PullContext probes ask for."""
+    return Scope(owner.org_id, owner.pillar_id, owner.team_id, "bot")
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def bots_memory_if_of_its_team(o: Owned, caller: Scope) -> tuple[str, str] | Non
 
 
 def sees_bots_memory(caller: Scope, owner: Scope) -> bool:
-    return sees(caller, Scope(owner.org_id, owner.pillar_id, owner.team_id, "bot"))
+    return sees(caller, bot_of(owner))
 
 
 PROBES = (
@@ -143,9 +144,8 @@ async def owned_world(engine) -> tuple[dict[str, Scope], Owned]:
     session = f"audited-{uuid.uuid4().hex[:8]}"
     turn = await author("IngestEvent", pb.IngestEventRequest(session_id=session, event_type="message",
                                                              content=b"the quay closes at dusk"))
-    bot = Scope(owner.org_id, owner.pillar_id, owner.team_id, "bot")
-    await caller(engine, bot)("PushContext", pb.PushContextRequest(session_id=session, memory_type="semantic",
-                                                                   content=b"berth 4"))
+    await caller(engine, bot_of(owner))("PushContext", pb.PushContextRequest(
+        session_id=session, memory_type="semantic", content=b"berth 4"))
     snapshot = await author("CreateSnapshot", pb.CreateSnapshotRequest(session_id=session, snapshot_name="handover"))
     await settled(engine.settings.database_url, owner.org_id)
     rows = await admin_fetch(engine, "SELECT chunk_id FROM chunks WHERE org_id = $1 AND source_event_id = $2",
